@@ -1,0 +1,257 @@
+"""The one way bytes get under a store root: stage in ``tmp/``, sync, rename.
+
+Invariant 1 (docs/design.md): an object file, once visible under its name,
+holds exactly the bytes that hash to that name.  Every file casstore writes
+(objects, refs, config) is therefore written to a name in ``<root>/tmp`` that is
+unique to the writing process, fsynced, ``chmod``-ed, renamed into place, and
+its directory is fsynced.  A crash at any point leaves at worst a stale file
+in ``tmp/``, which :func:`sweep_stale` removes once its writer is provably
+dead (same host, pid gone or reused) or, for other hosts, once it is old.
+
+Temp names carry ``<pid>.<process start time>.<host>``: after a fork the child
+has a new pid, so it never claims (or deletes) the parent's staging files --
+the bug pfio's FileCache had when forked DataLoader workers removed the
+parent's temp file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import re
+import secrets
+import socket
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Iterable, List, Optional, Type
+
+__all__ = [
+    "Staging",
+    "fsync_dir",
+    "write_file_atomic",
+    "sweep_stale",
+    "process_token",
+    "syncfs",
+    "STALE_AGE",
+]
+
+# Temp files from other hosts (shared filesystems) cannot be checked for a
+# live writer; they are swept once this old.
+STALE_AGE = 24 * 3600.0
+
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
+_TMP_RE = re.compile(r"^(\d+)\.(\d+)\.([A-Za-z0-9_-]+)\.[0-9a-f]+\.[a-z]+$")
+_token_cache: dict[int, str] = {}
+
+
+def _start_time(pid: int) -> Optional[int]:
+    """Start time of ``pid`` in clock ticks since boot (Linux), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # Field 2 (comm) may contain spaces and parentheses: split after the last ')'.
+    rest = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def process_token() -> str:
+    """``<pid>.<start ticks>.<host>``: identifies this process, survives pid reuse."""
+    pid = os.getpid()
+    tok = _token_cache.get(pid)
+    if tok is None:
+        tok = f"{pid}.{_start_time(pid) or 0}.{_HOST}"
+        _token_cache.clear()
+        _token_cache[pid] = tok
+    return tok
+
+
+def _writer_alive(pid: int, start: int) -> bool:
+    if start and os.path.exists("/proc/self/stat"):
+        return _start_time(pid) == start
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fsync_dir(path: os.PathLike[str] | str) -> None:
+    """fsync a directory so a rename or create in it survives power loss."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_libc: Optional[ctypes.CDLL] = None
+
+
+def syncfs(path: os.PathLike[str] | str) -> None:
+    """Flush the whole filesystem holding ``path`` (one call for a batch of files).
+
+    Falls back to ``os.sync()`` where ``syncfs(2)`` is unavailable.
+    """
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    fn = getattr(_libc, "syncfs", None)
+    if fn is None:
+        os.sync()
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if fn(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), str(path))
+    finally:
+        os.close(fd)
+
+
+class Staging:
+    """A temp file in ``tmpdir``, unique to this process, published by rename.
+
+    Use as a context manager: leaving the block with an exception (or without
+    :meth:`commit`) removes the temp file -- but only in the process that
+    created it, so a forked child can never delete its parent's staging file.
+    """
+
+    __slots__ = ("path", "fd", "_pid", "_done")
+
+    def __init__(self, tmpdir: Path, kind: str = "tmp") -> None:
+        name = f"{process_token()}.{secrets.token_hex(8)}.{kind}"
+        self.path = tmpdir / name
+        self._pid = os.getpid()
+        self._done = False
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Write all of ``data`` (looping over short writes); returns its length."""
+        mv = memoryview(data).cast("B")
+        n = len(mv)
+        off = 0
+        while off < n:
+            off += os.write(self.fd, mv[off:])
+        return n
+
+    def sync(self) -> None:
+        """fsync the staged data."""
+        os.fsync(self.fd)
+
+    def commit(self, dest: Path, *, durable: bool, mode: int = 0o444, synced: bool = False,
+               sync_dir: bool = True) -> None:
+        """Make the staged bytes visible as ``dest`` atomically.
+
+        ``durable``: fsync data (unless ``synced``) before the rename and the
+        directory after it.  ``sync_dir=False`` lets a batch sync directories once.
+        """
+        try:
+            os.fchmod(self.fd, mode)
+            if durable and not synced:
+                os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
+            self.fd = -1
+        try:
+            os.rename(self.path, dest)
+        except FileNotFoundError:
+            # First object in this fan-out directory: create it, make the new
+            # directory entry durable, then retry the rename.
+            _makedirs(dest.parent, durable)
+            os.rename(self.path, dest)
+        self._done = True
+        if durable and sync_dir:
+            fsync_dir(dest.parent)
+
+    def abort(self) -> None:
+        """Close and remove the temp file (no-op in a forked child)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        if not self._done and os.getpid() == self._pid:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+        self._done = True
+
+    def __enter__(self) -> Staging:
+        return self
+
+    def __exit__(self, et: Optional[Type[BaseException]], ev: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        if not self._done or self.fd >= 0:
+            self.abort()
+
+
+def _makedirs(path: Path, durable: bool) -> None:
+    missing: List[Path] = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o777)
+        except FileExistsError:
+            continue
+        if durable:
+            fsync_dir(d.parent)
+
+
+def write_file_atomic(tmpdir: Path, dest: Path, data: bytes, *, durable: bool = True,
+                      mode: int = 0o444) -> None:
+    """Write a small file in one piece via :class:`Staging`."""
+    with Staging(tmpdir, "file") as st:
+        st.write(data)
+        st.commit(dest, durable=durable, mode=mode)
+
+
+def sweep_stale(tmpdir: Path, *, max_age: float = STALE_AGE, now: Optional[float] = None) -> List[Path]:
+    """Remove temp files whose writer is dead (or, if unknowable, that are old).
+
+    A file from this host is removed only if its writer process is gone (or the
+    pid now belongs to a different process: the start time differs).  Files
+    from other hosts, or with names we did not make, go after ``max_age``
+    seconds.  A live writer's file is never removed.  Returns what was removed.
+    """
+    removed: List[Path] = []
+    now = time.time() if now is None else now
+    try:
+        names: Iterable[str] = os.listdir(tmpdir)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        path = tmpdir / name
+        m = _TMP_RE.match(name)
+        stale = False
+        if m and m.group(3) == _HOST:
+            stale = not _writer_alive(int(m.group(1)), int(m.group(2)))
+        else:
+            try:
+                stale = now - os.lstat(path).st_mtime > max_age
+            except FileNotFoundError:
+                continue
+        if stale:
+            try:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    import shutil
+
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.unlink(path)
+                removed.append(path)
+            except OSError as e:  # pragma: no cover - raced with another sweeper
+                if e.errno not in (errno.ENOENT,):
+                    raise
+    return removed

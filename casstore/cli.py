@@ -1,0 +1,209 @@
+"""The ``casstore`` command line.
+
+Store selection: ``--store DIR``, else ``$CASSTORE_DIR``, else the per-user
+default cache directory (``$XDG_CACHE_HOME/casstore`` or ``~/.cache/casstore``).
+Exit codes: 0 ok, 1 a casstore error (one line on stderr), 2 bad usage,
+130 interrupted.  ``--debug`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from . import __version__
+from .errors import CasstoreError
+from .store import Store, open_store
+
+__all__ = ["main", "default_store_dir"]
+
+
+def default_store_dir() -> Path:
+    """``$CASSTORE_DIR``, else ``$XDG_CACHE_HOME/casstore``, else ``~/.cache/casstore``."""
+    env = os.environ.get("CASSTORE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "casstore"
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def _store(args: argparse.Namespace, *, create: bool = True) -> Store:
+    root = Path(args.store).expanduser() if args.store else default_store_dir()
+    return open_store(root, create=create)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    root = Path(args.dir).expanduser()
+    store = open_store(root, create=True, compress=args.compress, durable=not args.scratch,
+                       shared=args.shared)
+    print(f"casstore store at {store.root} (compression {store.config.compression}, "
+          f"durable {str(store.durable).lower()})")
+    return 0
+
+
+def cmd_put(args: argparse.Namespace) -> int:
+    store = _store(args)
+    compress: Any = args.compress
+    for name in args.files:
+        if name == "-":
+            d = store.put_stream(sys.stdin.buffer, compress=compress)
+        else:
+            d = store.put_path(name, compress=compress)
+        print(f"{d}  {name}" if len(args.files) > 1 or args.names else str(d))
+    return 0
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    store = _store(args, create=False)
+    d = store.resolve(args.digest)
+    with store.open(d, verify=not args.no_verify) as f:
+        if args.output and args.output != "-":
+            out = Path(args.output)
+            # Write next to the target, then rename: a failed or corrupt read
+            # never leaves a half-written output file behind.
+            fd, tmp = tempfile.mkstemp(dir=out.parent or ".", prefix=f".{out.name}.", suffix=".part")
+            try:
+                with os.fdopen(fd, "wb") as o:
+                    shutil.copyfileobj(f, o, 1 << 20)
+                os.replace(tmp, out)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        else:
+            shutil.copyfileobj(f, sys.stdout.buffer, 1 << 20)
+            sys.stdout.buffer.flush()
+    return 0
+
+
+def cmd_stat(args: argparse.Namespace) -> int:
+    store = _store(args, create=False)
+    info = store.stat(store.resolve(args.digest))
+    doc = {"digest": str(info.digest), "size": info.size, "stored_size": info.stored_size,
+           "codec": info.codec}
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        for k, v in doc.items():
+            print(f"{k:12} {v}")
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    store = _store(args, create=False)
+    n = 0
+    for info in store.iter_info():
+        n += 1
+        if args.json:
+            print(json.dumps({"digest": str(info.digest), "size": info.size,
+                              "stored_size": info.stored_size, "codec": info.codec}))
+        else:
+            print(f"{info.digest}  {info.size:>12}  {info.codec}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Put, dedupe, get and verify on the default store; explain each step."""
+    store = _store(args)
+    print(f"store: {store.root}")
+    before = sum(1 for _ in store.iter_objects())
+    payload = ("casstore demo: the same bytes are stored once. " * 2000).encode()
+    t = time.perf_counter()
+    d1 = store.put(payload)
+    d2 = store.put(bytes(payload))
+    print(f"put {_human(len(payload))} twice -> {d1.short()} both times: {d1 == d2} "
+          f"({(time.perf_counter() - t) * 1e3:.1f} ms)")
+    dz = store.put(payload, compress=True)
+    info = store.stat(dz)
+    print(f"compress=True gives the same digest: {dz == d1}; stored as {store.stat(d1).codec} "
+          f"({_human(store.stat(d1).stored_size)}) -- first copy wins, codec never changes the address")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "weights.bin"
+        src.write_bytes(os.urandom(8 << 20))
+        t = time.perf_counter()
+        d3 = store.put_path(src, compress=True)
+        dt = time.perf_counter() - t
+        info = store.stat(d3)
+        print(f"put_path 8 MiB of random bytes with compress=True -> codec {info.codec} "
+              f"(compression skipped: it would not pay) in {dt * 1e3:.1f} ms")
+        same = store.get(d3) == src.read_bytes()
+    print(f"get verified the BLAKE3 digest and returned identical bytes: {same}")
+    print(f"raw object path for h5py/np.memmap (read-only): {store.path(d3)}")
+    after = sum(1 for _ in store.iter_objects())
+    print(f"objects in store: {before} before, {after} after (3 puts of one payload stored once)")
+    return 0
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="casstore", description="Content-addressed artifact store.")
+    p.add_argument("--store", metavar="DIR", help="store directory (default: $CASSTORE_DIR or ~/.cache/casstore)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    p.add_argument("--version", action="version", version=f"casstore {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help)
+        sp.set_defaults(func=fn)
+        return sp
+
+    sp = add("init", cmd_init, "create a store in DIR")
+    sp.add_argument("dir")
+    sp.add_argument("--compress", default=None, help="default codec: raw (default), zstd or a level 1-22")
+    sp.add_argument("--scratch", action="store_true", help="no fsync on put (fast; may lose recent puts on power loss)")
+    sp.add_argument("--shared", action="store_true", help="group-writable store for several users")
+    sp = add("put", cmd_put, "store files (or - for stdin); print their digests")
+    sp.add_argument("files", nargs="+")
+    sp.add_argument("--compress", default=None, help="raw, zstd or a zstd level (default: the store's)")
+    sp.add_argument("--names", action="store_true", help="print 'digest  file' even for one file")
+    sp = add("get", cmd_get, "write an object to stdout or -o FILE (verifies its digest)")
+    sp.add_argument("digest", help="digest or unique prefix")
+    sp.add_argument("-o", "--output", help="output file (written atomically)")
+    sp.add_argument("--no-verify", action="store_true", help="skip re-hashing")
+    sp = add("stat", cmd_stat, "show an object's size, stored size and codec")
+    sp.add_argument("digest")
+    sp.add_argument("--json", action="store_true")
+    sp = add("ls", cmd_ls, "list objects")
+    sp.add_argument("--json", action="store_true")
+    add("demo", cmd_demo, "put, dedupe, get and verify on the store, explaining each step")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``casstore`` console script; returns the exit code."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc: int = args.func(args)
+        return rc
+    except KeyboardInterrupt:
+        print("casstore: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except (CasstoreError, OSError) as e:
+        if args.debug:
+            raise
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        kind = type(e).__name__
+        print(f"casstore: error: {msg} [{kind}]", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Content digests: the address of every object in a store.
+
+A :class:`Digest` is the BLAKE3 hash (32 bytes) of an object's *uncompressed*
+content.  Its string form names the algorithm: ``blake3:<64 lowercase hex>``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Union
+
+import blake3
+
+from .errors import InvalidDigestError, InvalidTypeError
+
+__all__ = ["Digest", "ALGORITHM", "HEX_LEN", "hash_bytes", "new_hasher"]
+
+ALGORITHM = "blake3"
+HEX_LEN = 64
+_HEX_RE = re.compile(r"[0-9a-f]{64}")
+_PREFIX_RE = re.compile(r"[0-9a-f]{1,64}")
+
+# Buffers at least this large are hashed with blake3's own thread pool; below
+# it the thread start-up costs more than it saves (64 KiB chunks with AUTO ran
+# at 2.9 GB/s here, against 7 GB/s single-threaded).
+_MT_THRESHOLD = 1 << 20
+
+Buffer = Union[bytes, bytearray, memoryview]
+
+
+def new_hasher(*, threaded: bool = False) -> blake3.blake3:
+    """Return a fresh BLAKE3 hasher (multi-threaded for large updates if asked)."""
+    if threaded:
+        return blake3.blake3(max_threads=blake3.blake3.AUTO)
+    return blake3.blake3()
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Digest:
+    """The BLAKE3 digest of an object's uncompressed bytes.
+
+    ``str(d)`` is ``"blake3:<hex>"`` and ``Digest.parse(str(d)) == d``.
+    """
+
+    hex: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.hex, str) or not _HEX_RE.fullmatch(self.hex):
+            raise InvalidDigestError(
+                f"not a BLAKE3 digest: {self.hex!r}; expected 64 lowercase hex digits"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> Digest:
+        """Parse ``"blake3:<64 hex>"`` (or the bare 64 hex digits)."""
+        if isinstance(text, Digest):
+            return text
+        if not isinstance(text, str):
+            raise InvalidTypeError(f"a digest must be a str or Digest, not {type(text).__name__}")
+        body = split_algorithm(text)
+        if not _HEX_RE.fullmatch(body):
+            raise InvalidDigestError(
+                f"malformed digest {text!r}: expected 'blake3:' and 64 lowercase hex digits"
+            )
+        return cls(body)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Digest:
+        """Build a digest from its 32 raw bytes."""
+        if len(raw) != 32:
+            raise InvalidDigestError(f"a BLAKE3 digest is 32 bytes, got {len(raw)}")
+        return cls(raw.hex())
+
+    @classmethod
+    def of(cls, data: Buffer) -> Digest:
+        """Hash ``data`` and return its digest."""
+        return hash_bytes(data)
+
+    @property
+    def algorithm(self) -> str:
+        """The hash algorithm's name (always ``"blake3"`` in format 1)."""
+        return ALGORITHM
+
+    @property
+    def raw(self) -> bytes:
+        """The 32 digest bytes."""
+        return bytes.fromhex(self.hex)
+
+    def short(self, n: int = 12) -> str:
+        """An abbreviated form for display: ``blake3:<first n hex>``."""
+        return f"{ALGORITHM}:{self.hex[:n]}"
+
+    def __str__(self) -> str:
+        return f"{ALGORITHM}:{self.hex}"
+
+    def __repr__(self) -> str:
+        return f"Digest('{ALGORITHM}:{self.hex}')"
+
+
+def split_algorithm(text: str) -> str:
+    """Strip an optional ``blake3:`` prefix; refuse any other algorithm."""
+    if ":" in text:
+        algo, _, body = text.partition(":")
+        if algo != ALGORITHM:
+            raise InvalidDigestError(
+                f"unsupported digest algorithm {algo!r} in {text!r}; this store uses {ALGORITHM}"
+            )
+        return body
+    return text
+
+
+def parse_prefix(text: str) -> str:
+    """Validate a (possibly abbreviated) digest and return its hex prefix."""
+    if not isinstance(text, str):
+        raise InvalidTypeError(f"a digest prefix must be a str, not {type(text).__name__}")
+    body = split_algorithm(text.strip())
+    if not _PREFIX_RE.fullmatch(body):
+        raise InvalidDigestError(
+            f"malformed digest or prefix {text!r}: expected 1-64 lowercase hex digits,"
+            " optionally after 'blake3:'"
+        )
+    return body
+
+
+def hash_bytes(data: Buffer) -> Digest:
+    """Return the digest of an in-memory buffer."""
+    h = new_hasher(threaded=len(data) >= _MT_THRESHOLD)
+    h.update(data)
+    return Digest(h.hexdigest())

@@ -1,0 +1,77 @@
+"""The exception hierarchy of casstore.
+
+Every error casstore raises on purpose is a :class:`CasstoreError`.  Where a
+builtin exception already means the same thing, the subclass inherits it too,
+so ``except LookupError`` or ``except ValueError`` in caller code keeps working.
+Messages say what happened, to which digest, path or name, and what to do.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CasstoreError",
+    "ObjectNotFoundError",
+    "InvalidDigestError",
+    "AmbiguousDigestError",
+    "InvalidInputError",
+    "InvalidTypeError",
+    "IntegrityError",
+    "FrozenError",
+    "LockTimeout",
+    "StoreFormatError",
+    "ReadOnlyError",
+    "BackendError",
+    "CompressedObjectError",
+]
+
+
+class CasstoreError(Exception):
+    """Root of every error raised by casstore."""
+
+
+class ObjectNotFoundError(CasstoreError, LookupError):
+    """No object (or name) exists under the digest or name asked for."""
+
+
+class InvalidDigestError(CasstoreError, ValueError):
+    """A digest string is malformed: wrong algorithm, length or characters."""
+
+
+class AmbiguousDigestError(InvalidDigestError):
+    """A digest prefix matches more than one object; give more hex digits."""
+
+
+class InvalidInputError(CasstoreError, ValueError):
+    """An argument has the right type but an unacceptable value."""
+
+
+class InvalidTypeError(CasstoreError, TypeError):
+    """An argument has the wrong type (for example ``put`` given a ``str``)."""
+
+
+class IntegrityError(CasstoreError):
+    """Stored bytes do not hash to the digest they are stored under."""
+
+
+class FrozenError(CasstoreError):
+    """An attempt to change something frozen (a pin, a frozen manifest or cache)."""
+
+
+class LockTimeout(CasstoreError, TimeoutError):
+    """A lock was not acquired within the timeout; the message names the lock file."""
+
+
+class StoreFormatError(CasstoreError):
+    """A path is not a casstore store, or its format is newer than this library."""
+
+
+class ReadOnlyError(CasstoreError, PermissionError):
+    """A write was attempted on a store (or file) that cannot be written."""
+
+
+class BackendError(CasstoreError, OSError):
+    """The storage backend failed (I/O error, unreachable server, bad credentials)."""
+
+
+class CompressedObjectError(CasstoreError, ValueError):
+    """A raw path was asked for an object that is stored compressed."""

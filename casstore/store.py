@@ -1,0 +1,659 @@
+"""The object store: content-addressed, immutable objects in a local directory.
+
+Invariants (docs/design.md):
+
+1. An object file, once visible under its name, holds exactly the bytes that
+   hash to that name: it is staged in ``tmp/`` under a name unique to the
+   writer, fsynced, made read-only and renamed into place; then its directory
+   is fsynced.  Two writers of the same content both succeed.
+4. Correctness of objects never depends on a lock.
+7. ``get`` never returns bytes that do not hash to the digest asked for when
+   verification is on.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import mmap
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import (
+    IO,
+    Any,
+    BinaryIO,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Tuple,
+    Union,
+)
+
+from . import _codec
+from ._fs import Staging, fsync_dir, sweep_stale, syncfs, write_file_atomic
+from ._layout import (
+    CONFIG_FILE,
+    RAW,
+    SUBDIRS,
+    TMP,
+    ZSTD,
+    iter_object_files,
+    object_path,
+)
+from .config import StoreConfig
+from .digest import Digest, hash_bytes, new_hasher, parse_prefix
+from .errors import (
+    AmbiguousDigestError,
+    CompressedObjectError,
+    IntegrityError,
+    InvalidTypeError,
+    ObjectNotFoundError,
+    ReadOnlyError,
+    StoreFormatError,
+)
+
+__all__ = ["Store", "ObjectInfo", "open_store", "DigestLike", "PathLike"]
+
+DigestLike = Union[Digest, str]
+PathLike = Union[str, "os.PathLike[str]"]
+
+CHUNK = 1 << 20  # streaming chunk: bounded memory, large enough for fast hashing
+_HASH_WINDOW = 32 << 20  # mmap window when hashing a staged file (bounds RSS)
+_BATCH = 512  # put_many: objects staged per filesystem sync
+
+# zstd objects end with a skippable frame holding the uncompressed size, so
+# stat() needs no decompression; decoders skip it (see docs/format.md).
+_TRAILER_MAGIC = 0x184D2A5E
+_TRAILER_TAG = b"CSZ1"
+_TRAILER = struct.Struct("<II4sQ")
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """What ``Store.stat`` knows about one object without reading it."""
+
+    digest: Digest
+    size: int
+    """Uncompressed size in bytes."""
+    stored_size: int
+    """Bytes on disk."""
+    codec: str
+    """``"raw"`` or ``"zstd"``."""
+
+
+def _as_buffer(data: object, what: str = "put") -> memoryview:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        mv = memoryview(data)
+        return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+    raise InvalidTypeError(
+        f"{what}() takes bytes, bytearray or memoryview, not {type(data).__name__}; "
+        "encode text first (s.encode()) or use put_path()/put_stream() for files"
+    )
+
+
+def _trailer(size: int) -> bytes:
+    return _TRAILER.pack(_TRAILER_MAGIC, 12, _TRAILER_TAG, size)
+
+
+def _hash_fd(fd: int, size: int) -> Digest:
+    """Hash a file through bounded mmap windows (no copy; RSS stays bounded)."""
+    h = new_hasher(threaded=True)
+    off = 0
+    while off < size:
+        n = min(_HASH_WINDOW, size - off)
+        with mmap.mmap(fd, n, prot=mmap.PROT_READ, offset=off) as mm:
+            h.update(mm)
+        off += n
+    return Digest(h.hexdigest())
+
+
+def _copy_fd(src: int, dst: int, size: int) -> None:
+    """Copy ``size`` bytes in the kernel (copy_file_range), falling back to read/write."""
+    off = 0
+    try:
+        while off < size:
+            n = os.copy_file_range(src, dst, min(size - off, 1 << 30), off, off)
+            if n == 0:
+                break
+            off += n
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+    if off < size:
+        buf = bytearray(CHUNK)
+        mv = memoryview(buf)
+        while off < size:
+            n = os.preadv(src, [mv[: min(CHUNK, size - off)]], off)
+            if n == 0:
+                break
+            os.pwrite(dst, mv[:n], off)
+            off += n
+    if off != size:
+        raise IntegrityError(f"source file shrank while it was being stored ({off} of {size} bytes)")
+
+
+class _ObjectReader(io.RawIOBase):
+    """Read-only stream over one object; verifies the digest at end of file.
+
+    Verification covers full sequential reads: if every byte was read in
+    order, reaching EOF compares the hash and raises IntegrityError on a
+    mismatch *before* returning the final chunk.  A ``seek`` turns
+    verification off for this reader (it can no longer see every byte).
+    """
+
+    def __init__(self, digest: Digest, path: str, codec: str, verify: bool, size: int) -> None:
+        super().__init__()
+        self._size = size
+        self._seen = 0
+        self.digest = digest
+        self.name = path
+        self._file: BinaryIO = open(path, "rb", buffering=0)
+        self._src: Any = self._file if codec == RAW else _codec.open_decoded(self._file)
+        self._codec = codec
+        self._hasher = new_hasher(threaded=True) if verify else None
+        self._checked = False
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self._codec == RAW
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if self._codec != RAW:
+            raise io.UnsupportedOperation("compressed objects are read sequentially")
+        pos = self._file.seek(offset, whence)
+        self._hasher = None
+        return pos
+
+    def tell(self) -> int:
+        if self._codec != RAW:
+            return int(self._src.tell())
+        return self._file.tell()
+
+    def readinto(self, b: Any) -> int:
+        mv = memoryview(b).cast("B")
+        n: int = self._src.readinto(mv)
+        if self._checked and n and self._hasher is not None:
+            raise IntegrityError(f"object {self.digest} is longer than its recorded size; file {self.name}")
+        if self._hasher is not None and not self._checked:
+            if n:
+                self._hasher.update(mv[:n])
+                self._seen += n
+            # Check as soon as the last byte is read (before handing it out),
+            # not only when the caller asks past the end.
+            if self._seen >= self._size or n == 0:
+                self._check()
+        return n
+
+    def _check(self) -> None:
+        assert self._hasher is not None
+        self._checked = True
+        got = self._hasher.hexdigest()
+        if got != self.digest.hex or self._seen != self._size:
+            raise IntegrityError(
+                f"object {self.digest} is corrupt: its bytes hash to blake3:{got} "
+                f"({self._seen} of {self._size} bytes); file {self.name}. "
+                "Run `casstore verify --repair` and put the data again"
+            )
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                if self._src is not self._file:
+                    self._src.close()
+            finally:
+                self._file.close()
+        super().close()
+
+
+class Store:
+    """A content-addressed object store rooted at a local directory.
+
+    Create or open one with :func:`casstore.open`.  Objects are immutable and
+    addressed by the BLAKE3 digest of their uncompressed bytes.
+    """
+
+    def __init__(self, root: PathLike, *, create: bool = True, compress: Any = None,
+                 durable: Optional[bool] = None, shared: bool = False) -> None:
+        self.root = Path(os.path.expanduser(os.fspath(root))).absolute()
+        if create and not (self.root / CONFIG_FILE).exists():
+            self._init_layout(StoreConfig(
+                compression="zstd" if _codec.normalize_compress(compress, 3) else "raw",
+                level=_codec.normalize_compress(compress, 3) or 3,
+                durable=True if durable is None else durable,
+                shared=shared,
+            ))
+        self.config = StoreConfig.load(self.root)
+        self._level = self.config.level
+        self.compress: Any = compress if compress is not None else (
+            self._level if self.config.compression == ZSTD else None)
+        self.durable: bool = self.config.durable if durable is None else durable
+        self._tmp = self.root / TMP
+        self.writable = os.access(self.root / TMP, os.W_OK)
+        if self.writable:
+            try:
+                sweep_stale(self._tmp)
+            except OSError:  # pragma: no cover - e.g. a read-only bind mount
+                pass
+
+    # -- creation ---------------------------------------------------------
+
+    def _init_layout(self, cfg: StoreConfig) -> None:
+        root = self.root
+        if root.exists():
+            if not root.is_dir():
+                raise StoreFormatError(f"{root} exists and is not a directory")
+            entries = set(os.listdir(root)) - {s.split("/")[0] for s in SUBDIRS}
+            if entries:
+                raise StoreFormatError(
+                    f"{root} is not empty and is not a casstore store (no {CONFIG_FILE}); "
+                    "choose an empty or new directory"
+                )
+        try:
+            for sub in SUBDIRS:
+                (root / sub).mkdir(parents=True, exist_ok=True)
+            # store.toml is written last: its presence marks a complete store.
+            # Two processes creating the same store write identical bytes.
+            write_file_atomic(root / TMP, root / CONFIG_FILE, cfg.to_toml(), mode=0o444)
+            fsync_dir(root)
+        except PermissionError as e:
+            raise ReadOnlyError(f"cannot create a store at {root}: {e.strerror}") from None
+
+    # -- helpers ----------------------------------------------------------
+
+    def _digest(self, d: DigestLike) -> Digest:
+        return d if isinstance(d, Digest) else Digest.parse(d)
+
+    def _locate(self, d: Digest) -> Tuple[str, str]:
+        """Return (path, codec) of an existing object or raise ObjectNotFoundError."""
+        for codec in (RAW, ZSTD):
+            p = object_path(self.root, d, codec)
+            if os.path.exists(p):
+                return str(p), codec
+        raise ObjectNotFoundError(
+            f"object {d} is not in the store at {self.root}; put it first or fetch it from a remote"
+        )
+
+    def _exists(self, d: Digest) -> bool:
+        return any(os.path.exists(object_path(self.root, d, c)) for c in (RAW, ZSTD))
+
+    def _stage(self, kind: str = "obj") -> Staging:
+        try:
+            return Staging(self._tmp, kind)
+        except (PermissionError, OSError) as e:
+            if isinstance(e, PermissionError) or e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise ReadOnlyError(
+                    f"store {self.root} is read-only ({e.strerror}); open a writable store to put objects"
+                ) from None
+            raise
+
+    def _level_for(self, compress: Any) -> Optional[int]:
+        return _codec.normalize_compress(self.compress if compress is None else compress, self._level)
+
+    @property
+    def _mode(self) -> int:
+        return 0o444
+
+    def _publish(self, st: Staging, d: Digest, codec: str, *, synced: bool = False,
+                 durable: Optional[bool] = None, sync_dir: bool = True) -> None:
+        dest = object_path(self.root, d, codec)
+        st.commit(dest, durable=self.durable if durable is None else durable, mode=self._mode,
+                  synced=synced, sync_dir=sync_dir)
+
+    # -- writing ----------------------------------------------------------
+
+    def put(self, data: Union[bytes, bytearray, memoryview], *, compress: Any = None) -> Digest:
+        """Store ``data``; return its digest.  Idempotent: same bytes, same digest, one object.
+
+        ``compress``: ``None`` (store default), ``False``/``"raw"``, ``True``/``"zstd"`` or a
+        zstd level.  Compression is skipped when a sample shows it would not pay.
+        """
+        mv = _as_buffer(data)
+        d = hash_bytes(mv)
+        if self._exists(d):
+            return d
+        self._write_buffer(d, mv, self._level_for(compress), durable=self.durable)
+        return d
+
+    def _write_buffer(self, d: Digest, mv: memoryview, level: Optional[int], *, durable: bool,
+                      sync_dir: bool = True, defer: Optional[List[Tuple[Staging, Digest, str]]] = None) -> None:
+        codec = RAW
+        payload: Any = mv
+        if level is not None and _codec.sample_pays(mv):
+            payload = _codec.compressor(level).compress(mv) + _trailer(len(mv))
+            codec = ZSTD
+        st = self._stage()
+        try:
+            st.write(payload)
+            if defer is not None:
+                defer.append((st, d, codec))
+                return
+            self._publish(st, d, codec, durable=durable, sync_dir=sync_dir)
+        except BaseException:
+            st.abort()
+            raise
+
+    def put_many(self, items: Iterable[Union[bytes, bytearray, memoryview]], *,
+                 compress: Any = None) -> List[Digest]:
+        """Store many small objects; durable with one filesystem sync per batch.
+
+        Equivalent to ``[put(x) for x in items]`` but stages a batch, flushes it
+        with one ``syncfs``, renames every file into place, then syncs again
+        (instead of two fsyncs per object).  Returns digests in input order.
+        """
+        level = self._level_for(compress)
+        out: List[Digest] = []
+        pending: List[Tuple[Staging, Digest, str]] = []
+        seen: set[Digest] = set()
+
+        def flush() -> None:
+            if not pending:
+                return
+            try:
+                if self.durable:
+                    syncfs(self._tmp)
+                for st, d, codec in pending:
+                    self._publish(st, d, codec, durable=False)
+                if self.durable:
+                    syncfs(self._tmp)
+            finally:
+                for st, _, _ in pending:
+                    st.abort()
+                pending.clear()
+                seen.clear()
+
+        try:
+            for item in items:
+                mv = _as_buffer(item, "put_many")
+                d = hash_bytes(mv)
+                out.append(d)
+                if d in seen or self._exists(d):
+                    continue
+                seen.add(d)
+                self._write_buffer(d, mv, level, durable=False, defer=pending)
+                if len(pending) >= _BATCH:
+                    flush()
+            flush()
+        finally:
+            for st, _, _ in pending:
+                st.abort()
+        return out
+
+    def put_path(self, path: PathLike, *, compress: Any = None) -> Digest:
+        """Store a file of any size by streaming it; return its digest.
+
+        Raw: the file is copied in the kernel (``copy_file_range``) into a
+        staging file, then the *staged copy* is hashed while a helper thread
+        fsyncs it -- so the digest names exactly the bytes published even if
+        the source changes meanwhile.  Compressed: read in 1 MiB chunks, each
+        hashed and fed to zstd.  Memory stays bounded either way.
+        """
+        p = os.fspath(path)
+        try:
+            src = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"no such file to put: {p}") from None
+        except IsADirectoryError:
+            raise InvalidTypeError(f"{p} is a directory; put_path stores one regular file") from None
+        try:
+            size = os.fstat(src).st_size
+            level = self._level_for(compress)
+            if level is not None and _codec.file_sample_pays(src, size):
+                with io.FileIO(src, "rb", closefd=False) as f:
+                    return self._put_stream_compressed(f, level, size_hint=size)
+            return self._put_fd_raw(src, size)
+        finally:
+            os.close(src)
+
+    def _put_fd_raw(self, src: int, size: int) -> Digest:
+        st = self._stage()
+        try:
+            _copy_fd(src, st.fd, size)
+            synced = False
+            err: List[BaseException] = []
+            th: Optional[threading.Thread] = None
+            if self.durable:
+                # fsync (I/O wait) overlaps with hashing (CPU): blake3 drops the GIL.
+                def sync() -> None:
+                    try:
+                        os.fsync(st.fd)
+                    except BaseException as e:  # pragma: no cover - I/O error
+                        err.append(e)
+                th = threading.Thread(target=sync, name="casstore-fsync")
+                th.start()
+            try:
+                d = _hash_fd(st.fd, size)
+            finally:
+                if th is not None:
+                    th.join()
+                    synced = True
+            if err:
+                raise err[0]
+            if self._exists(d):
+                st.abort()
+                return d
+            self._publish(st, d, RAW, synced=synced)
+            return d
+        except BaseException:
+            st.abort()
+            raise
+
+    def put_stream(self, stream: IO[bytes], *, compress: Any = None) -> Digest:
+        """Store everything readable from a binary stream; return its digest."""
+        if not hasattr(stream, "read"):
+            raise InvalidTypeError(f"put_stream() needs a readable binary stream, not {type(stream).__name__}")
+        level = self._level_for(compress)
+        first = stream.read(CHUNK)
+        if not isinstance(first, (bytes, bytearray, memoryview)):
+            raise InvalidTypeError("put_stream() needs a *binary* stream (open the file with 'rb')")
+        if level is not None and _codec.sample_pays(first):
+            return self._put_stream_compressed(stream, level, first=bytes(first))
+        h = new_hasher(threaded=True)
+        st = self._stage()
+        try:
+            chunk: Any = first
+            while chunk:
+                h.update(chunk)
+                st.write(chunk)
+                chunk = stream.read(CHUNK)
+            d = Digest(h.hexdigest())
+            if self._exists(d):
+                st.abort()
+                return d
+            self._publish(st, d, RAW)
+            return d
+        except BaseException:
+            st.abort()
+            raise
+
+    def _put_stream_compressed(self, stream: IO[bytes], level: int, *, first: bytes = b"",
+                               size_hint: int = -1) -> Digest:
+        h = new_hasher(threaded=True)
+        st = self._stage()
+        total = 0
+        try:
+            with io.FileIO(st.fd, "wb", closefd=False) as raw:
+                writer = _codec.compressor(level).stream_writer(raw, size=size_hint, closefd=False)
+                chunk: Any = first or stream.read(CHUNK)
+                while chunk:
+                    h.update(chunk)
+                    writer.write(chunk)
+                    total += len(chunk)
+                    chunk = stream.read(CHUNK)
+                writer.flush(_codec.FLUSH_FRAME)
+                raw.write(_trailer(total))
+            d = Digest(h.hexdigest())
+            if self._exists(d):
+                st.abort()
+                return d
+            self._publish(st, d, ZSTD)
+            return d
+        except BaseException:
+            st.abort()
+            raise
+
+    # -- reading ----------------------------------------------------------
+
+    def get(self, digest: DigestLike, *, verify: bool = True) -> bytes:
+        """Return the object's uncompressed bytes.
+
+        With ``verify`` (the default) the bytes are re-hashed and
+        :class:`IntegrityError` is raised instead of returning corrupt data.
+        For raw objects the hash runs on a helper thread over the same file
+        (page cache) while this thread reads, so verification costs little.
+        """
+        d = self._digest(digest)
+        path, codec = self._locate(d)
+        try:
+            f = open(path, "rb", buffering=0)
+        except FileNotFoundError:  # deleted between locate and open (GC)
+            raise ObjectNotFoundError(f"object {d} disappeared while being read") from None
+        with f:
+            if codec == ZSTD:
+                data = _codec.open_decoded(f).read()
+                got = hash_bytes(data) if verify else d
+            else:
+                size = os.fstat(f.fileno()).st_size
+                box: List[Any] = []
+                th: Optional[threading.Thread] = None
+                if verify and size:
+                    def work() -> None:
+                        try:
+                            box.append(_hash_fd(f.fileno(), size))
+                        except BaseException as e:  # pragma: no cover
+                            box.append(e)
+                    th = threading.Thread(target=work, name="casstore-verify")
+                    th.start()
+                data = f.read(size) if size else b""
+                if len(data) != size:
+                    raise IntegrityError(f"object {d} changed size while being read ({path})")
+                if th is not None:
+                    th.join()
+                    if isinstance(box[0], BaseException):
+                        raise box[0]
+                    got = box[0]
+                else:
+                    got = hash_bytes(data) if verify else d
+        if got != d:
+            raise IntegrityError(
+                f"object {d} is corrupt: its bytes hash to {got}; file {path}. "
+                "Run `casstore verify --repair` and put the data again"
+            )
+        return data
+
+    def open(self, digest: DigestLike, *, verify: bool = True) -> BinaryIO:
+        """Open an object for streaming, read-only.  A full read verifies the digest."""
+        d = self._digest(digest)
+        path, codec = self._locate(d)
+        size = self._zstd_size(path, d) if codec == ZSTD else os.stat(path).st_size
+        raw = _ObjectReader(d, path, codec, verify, size)
+        return io.BufferedReader(raw, buffer_size=CHUNK)
+
+    def path(self, digest: DigestLike) -> Path:
+        """Read-only path of a *raw* object, for h5py, ``numpy.memmap`` or any tool.
+
+        The file is mode 0o444 and must never be modified.  Compressed objects
+        have no raw path: :class:`CompressedObjectError`.
+        """
+        d = self._digest(digest)
+        path, codec = self._locate(d)
+        if codec != RAW:
+            raise CompressedObjectError(
+                f"object {d} is stored zstd-compressed, so it has no raw path; "
+                "read it with store.open()/get(), or put it with compress=False"
+            )
+        return Path(path)
+
+    def stat(self, digest: DigestLike) -> ObjectInfo:
+        """Size, stored size and codec of an object, without reading its content."""
+        d = self._digest(digest)
+        path, codec = self._locate(d)
+        stored = os.stat(path).st_size
+        size = stored
+        if codec == ZSTD:
+            size = self._zstd_size(path, d)
+        return ObjectInfo(d, size, stored, codec)
+
+    def _zstd_size(self, path: str, d: Digest) -> int:
+        with open(path, "rb") as f:
+            try:
+                f.seek(-_TRAILER.size, os.SEEK_END)
+            except OSError:
+                raise IntegrityError(f"compressed object {d} is truncated ({path})") from None
+            magic, ln, tag, size = _TRAILER.unpack(f.read(_TRAILER.size))
+        if magic != _TRAILER_MAGIC or ln != 12 or tag != _TRAILER_TAG:
+            raise IntegrityError(f"compressed object {d} has no size trailer: truncated or damaged ({path})")
+        return int(size)
+
+    def __contains__(self, digest: object) -> bool:
+        if not isinstance(digest, (Digest, str)):
+            return False
+        return self._exists(self._digest(digest))
+
+    def contains(self, digest: DigestLike) -> bool:
+        """``digest in store``."""
+        return self._exists(self._digest(digest))
+
+    def resolve(self, prefix: str) -> Digest:
+        """Turn a unique digest prefix (``"blake3:9f2c"`` or ``"9f2c"``) into a Digest."""
+        if isinstance(prefix, Digest):
+            return self._locate(prefix) and prefix
+        hexp = parse_prefix(prefix)
+        found = sorted({d for d, _, _ in iter_object_files(self.root, hexp)})
+        if not found:
+            raise ObjectNotFoundError(f"no object matches {prefix!r} in the store at {self.root}")
+        if len(found) > 1:
+            shown = ", ".join(x.short(len(hexp) + 4) for x in found[:5])
+            raise AmbiguousDigestError(
+                f"{prefix!r} matches {len(found)} objects ({shown}{', ...' if len(found) > 5 else ''}); "
+                "give more hex digits"
+            )
+        return found[0]
+
+    def iter_objects(self) -> Iterator[Digest]:
+        """Every object's digest, in digest order (each once, whatever its codec)."""
+        last: Optional[Digest] = None
+        for d, _, _ in iter_object_files(self.root):
+            if d != last:
+                yield d
+            last = d
+
+    def iter_info(self) -> Iterator[ObjectInfo]:
+        """``stat`` of every object."""
+        for d in self.iter_objects():
+            yield self.stat(d)
+
+    def sweep_tmp(self) -> List[Path]:
+        """Remove staging files of dead writers now (also done on open)."""
+        return sweep_stale(self._tmp)
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.root)!r})"
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def open_store(path: PathLike, *, create: bool = True, compress: Any = None,
+               durable: Optional[bool] = None, shared: bool = False) -> Store:
+    """Open the store at ``path``; create it there on first use unless ``create=False``.
+
+    ``compress``: default codec for puts (``None``/``False`` raw, ``True`` zstd
+    level 3, or a level); ``durable=False`` skips fsyncs (scratch stores:
+    faster, but a power loss may lose recent puts -- never corrupt them, since
+    visibility still goes through rename, but a file may be empty after a
+    crash of the machine, which ``verify`` reports).
+    """
+    p = Path(os.path.expanduser(os.fspath(path)))
+    if not create and not (p / CONFIG_FILE).exists():
+        StoreConfig.load(p)  # raises StoreFormatError with the reason
+    return Store(p, create=create, compress=compress, durable=durable, shared=shared)
+
