@@ -26,6 +26,7 @@ from .errors import (
     ReadOnlyError,
     StoreFormatError,
 )
+from .manifest import Diff, Entry, Manifest, ManifestEditor
 from .store import ObjectInfo, Store, open_store
 
 open = open_store  # noqa: A001 - ``casstore.open(path)`` is the documented entry point
@@ -38,6 +39,10 @@ __all__ = [
     "Store",
     "Digest",
     "ObjectInfo",
+    "Entry",
+    "Manifest",
+    "ManifestEditor",
+    "Diff",
     "errors",
     "CasstoreError",
     "ObjectNotFoundError",
