@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import (
     IO,
+    TYPE_CHECKING,
     Any,
     BinaryIO,
+    Dict,
     Iterable,
     Iterator,
     List,
@@ -55,6 +57,9 @@ from .errors import (
     ReadOnlyError,
     StoreFormatError,
 )
+
+if TYPE_CHECKING:
+    from .manifest import Diff, EditTransaction, Manifest
 
 __all__ = ["Store", "ObjectInfo", "open_store", "DigestLike", "PathLike"]
 
@@ -627,6 +632,76 @@ class Store:
         """``stat`` of every object."""
         for d in self.iter_objects():
             yield self.stat(d)
+
+    # -- manifests, heads and pins (implemented in casstore.manifest) ---------
+
+    def edit(self, name: str, *, timeout: Optional[float] = 600.0,
+             allow_missing: bool = False) -> EditTransaction:
+        """Edit manifest ``name`` in a transaction: ``with store.edit("exp") as m: m["k"] = d``.
+
+        Takes the fcntl lock of this name only; commits a new version on a
+        clean exit (version object first, then the ref by atomic rename) and
+        discards everything on an exception.  Raises :class:`FrozenError` for a
+        pin and :class:`LockTimeout` after ``timeout`` seconds.  Entries must
+        refer to objects in the store unless ``allow_missing``.
+        """
+        from .manifest import EditTransaction
+
+        return EditTransaction(self, name, timeout=timeout, allow_missing=allow_missing)
+
+    def manifest(self, target: DigestLike) -> Manifest:
+        """Lock-free read of a name's current version (pins first), or a version by digest."""
+        from .manifest import read_manifest
+
+        return read_manifest(self, target)
+
+    def history(self, target: DigestLike, limit: Optional[int] = None) -> List[Manifest]:
+        """Versions of a name (or from a version digest), newest first."""
+        from .manifest import history
+
+        return history(self, target, limit)
+
+    def freeze(self, name: str, *, timeout: Optional[float] = 600.0) -> Digest:
+        """Make head ``name`` a pin: it never changes again.  Returns the version digest."""
+        from .manifest import freeze
+
+        return freeze(self, name, timeout=timeout)
+
+    def pin(self, name: str, target: DigestLike, *, force: bool = False) -> Digest:
+        """Name a manifest version (digest or another name) with a pin; moving one needs ``force``."""
+        from .manifest import pin
+
+        return pin(self, name, target, force=force)
+
+    def unpin(self, name: str) -> Digest:
+        """Remove a pin's name; its objects are collected later by GC if nothing else holds them."""
+        from .manifest import unpin
+
+        return unpin(self, name)
+
+    def pins(self) -> Dict[str, Digest]:
+        """Every pin: name -> frozen manifest digest."""
+        from .refs import list_refs
+
+        return list_refs(self.root, "pins")
+
+    def heads(self) -> Dict[str, Digest]:
+        """Every head: name -> current manifest version digest."""
+        from .refs import list_refs
+
+        return list_refs(self.root, "heads")
+
+    def diff(self, a: Any, b: Any) -> Diff:
+        """Keys added, removed and changed from ``a`` to ``b`` (names, digests or Manifests)."""
+        from .manifest import diff
+
+        return diff(self, a, b)
+
+    def checkout(self, target: DigestLike, outdir: PathLike, *, overwrite: bool = False) -> List[Path]:
+        """Write a manifest's files under ``outdir`` (verified; reflinked where possible)."""
+        from .manifest import checkout
+
+        return checkout(self, target, outdir, overwrite=overwrite)
 
     def sweep_tmp(self) -> List[Path]:
         """Remove staging files of dead writers now (also done on open)."""
