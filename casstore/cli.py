@@ -16,10 +16,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from . import __version__
-from .errors import CasstoreError
+from .errors import CasstoreError, ObjectNotFoundError
 from .store import Store, open_store
 
 __all__ = ["main", "default_store_dir"]
@@ -41,6 +41,11 @@ def _human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def _compress_arg(value: str) -> Any:
+    """``--compress`` value: a zstd level given as digits becomes an int (``"5"`` -> 5)."""
+    return int(value) if value.strip().isdigit() else value
 
 
 def _store(args: argparse.Namespace, *, create: bool = True) -> Store:
@@ -149,6 +154,136 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _entry_doc(e: Any) -> Dict[str, Any]:
+    doc: Dict[str, Any] = {"digest": str(e.digest), "size": e.size}
+    if e.meta:
+        doc["meta"] = _jsonable(dict(e.meta))
+    return doc
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, bytes):
+        return v.hex()
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+def cmd_manifest_show(args: argparse.Namespace) -> int:
+    store = _store(args, create=False)
+    man = store.manifest(args.target)
+    if args.json:
+        print(json.dumps({
+            "digest": str(man.digest), "name": man.name, "frozen": man.frozen,
+            "parent": str(man.parent) if man.parent else None, "meta": _jsonable(dict(man.meta)),
+            "entries": {k: _entry_doc(man[k]) for k in man},
+        }, indent=2))
+        return 0
+    state = "pin (frozen)" if man.frozen and man.name else ("version" if not man.name else "head")
+    print(f"{man.name or '-'}  {man.digest}  [{state}]  {len(man)} entries")
+    for k, v in man.meta.items():
+        print(f"  meta {k} = {v!r}")
+    for k in man:
+        e = man[k]
+        size = "?" if e.size is None else _human(e.size)
+        print(f"  {e.digest.short()}  {size:>10}  {k}")
+    return 0
+
+
+def _to_digest(store: Store, value: str) -> Any:
+    """A FILE (put into the store) or a digest / unique prefix."""
+    if os.path.isfile(value):
+        return store.put_path(value)
+    return store.resolve(value)
+
+
+def cmd_manifest_set(args: argparse.Namespace) -> int:
+    store = _store(args)
+    d = _to_digest(store, args.value)
+    with store.edit(args.name, timeout=args.timeout) as m:
+        m[args.key] = d
+    assert m.result is not None
+    print(f"{args.name} -> {m.result.digest}  ({args.key} = {d.short()})")
+    return 0
+
+
+def cmd_manifest_rm(args: argparse.Namespace) -> int:
+    store = _store(args, create=False)
+    with store.edit(args.name, timeout=args.timeout) as m:
+        for key in args.keys:
+            if key not in m:
+                raise ObjectNotFoundError(f"manifest {args.name!r} has no key {key!r}")
+            del m[key]
+    assert m.result is not None
+    print(f"{args.name} -> {m.result.digest}")
+    return 0
+
+
+def cmd_freeze(args: argparse.Namespace) -> int:
+    store = _store(args, create=False)
+    print(store.freeze(args.name))
+    return 0
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    store = _store(args, create=False)
+    print(store.pin(args.name, args.target, force=args.force))
+    return 0
+
+
+def cmd_unpin(args: argparse.Namespace) -> int:
+    store = _store(args, create=False)
+    print(store.unpin(args.name))
+    return 0
+
+
+def cmd_pins(args: argparse.Namespace) -> int:
+    store = _store(args, create=False)
+    refs = store.heads() if args.heads else store.pins()
+    if args.json:
+        print(json.dumps({k: str(v) for k, v in refs.items()}))
+    else:
+        for k, v in refs.items():
+            print(f"{v}  {k}")
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    store = _store(args, create=False)
+    df = store.diff(args.a, args.b)
+    if args.json:
+        print(json.dumps({
+            "added": {k: _entry_doc(e) for k, e in df.added.items()},
+            "removed": {k: _entry_doc(e) for k, e in df.removed.items()},
+            "changed": {k: [_entry_doc(a), _entry_doc(b)] for k, (a, b) in df.changed.items()},
+        }, indent=2))
+        return 0
+    for k, e in df.added.items():
+        print(f"+ {k}  {e.digest.short()}")
+    for k, e in df.removed.items():
+        print(f"- {k}  {e.digest.short()}")
+    for k, (a, b) in df.changed.items():
+        print(f"~ {k}  {a.digest.short()} -> {b.digest.short()}")
+    return 0
+
+
+def cmd_checkout(args: argparse.Namespace) -> int:
+    store = _store(args, create=False)
+    written = store.checkout(args.target, args.dir, overwrite=args.overwrite)
+    print(f"checked out {len(written)} file(s) into {args.dir}")
+    return 0
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    store = _store(args, create=False)
+    for m in store.history(args.target, limit=args.limit):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(store.path(m.digest).stat().st_mtime))
+        print(f"{m.digest}  {when}  {len(m)} entries")
+    return 0
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="casstore", description="Content-addressed artifact store.")
     p.add_argument("--store", metavar="DIR", help="store directory (default: $CASSTORE_DIR or ~/.cache/casstore)")
@@ -164,12 +299,14 @@ def _build_parser() -> argparse.ArgumentParser:
 
     sp = add("init", cmd_init, "create a store in DIR")
     sp.add_argument("dir")
-    sp.add_argument("--compress", default=None, help="default codec: raw (default), zstd or a level 1-22")
+    sp.add_argument("--compress", default=None, type=_compress_arg,
+                    help="default codec: raw (default), zstd or a level 1-22")
     sp.add_argument("--scratch", action="store_true", help="no fsync on put (fast; may lose recent puts on power loss)")
     sp.add_argument("--shared", action="store_true", help="group-writable store for several users")
     sp = add("put", cmd_put, "store files (or - for stdin); print their digests")
     sp.add_argument("files", nargs="+")
-    sp.add_argument("--compress", default=None, help="raw, zstd or a zstd level (default: the store's)")
+    sp.add_argument("--compress", default=None, type=_compress_arg,
+                    help="raw, zstd or a zstd level (default: the store's)")
     sp.add_argument("--names", action="store_true", help="print 'digest  file' even for one file")
     sp = add("get", cmd_get, "write an object to stdout or -o FILE (verifies its digest)")
     sp.add_argument("digest", help="digest or unique prefix")
@@ -181,7 +318,53 @@ def _build_parser() -> argparse.ArgumentParser:
     sp = add("ls", cmd_ls, "list objects")
     sp.add_argument("--json", action="store_true")
     add("demo", cmd_demo, "put, dedupe, get and verify on the store, explaining each step")
+
+    sp = add("manifest", lambda a: _usage(sp_manifest), "show or change a manifest (show, set, rm)")
+    sp_manifest = sp
+    msub = sp.add_subparsers(dest="manifest_command", metavar="ACTION")
+    mp = msub.add_parser("show", help="show a manifest by name or digest")
+    mp.add_argument("target", help="head or pin name, or a version digest")
+    mp.add_argument("--json", action="store_true")
+    mp.set_defaults(func=cmd_manifest_show)
+    mp = msub.add_parser("set", help="set KEY of manifest NAME to FILE (stored) or DIGEST")
+    mp.add_argument("name")
+    mp.add_argument("key")
+    mp.add_argument("value", metavar="FILE|DIGEST")
+    mp.add_argument("--timeout", type=float, default=600.0, help="lock timeout in seconds")
+    mp.set_defaults(func=cmd_manifest_set)
+    mp = msub.add_parser("rm", help="remove KEY(s) from manifest NAME")
+    mp.add_argument("name")
+    mp.add_argument("keys", nargs="+")
+    mp.add_argument("--timeout", type=float, default=600.0, help="lock timeout in seconds")
+    mp.set_defaults(func=cmd_manifest_rm)
+    sp = add("freeze", cmd_freeze, "make head NAME a pin (never changes again)")
+    sp.add_argument("name")
+    sp = add("pin", cmd_pin, "pin TARGET (a name or version digest) as NAME")
+    sp.add_argument("name")
+    sp.add_argument("target")
+    sp.add_argument("--force", action="store_true", help="move an existing pin")
+    sp = add("unpin", cmd_unpin, "remove pin NAME (objects go later, through gc)")
+    sp.add_argument("name")
+    sp = add("pins", cmd_pins, "list pins (or heads with --heads)")
+    sp.add_argument("--heads", action="store_true")
+    sp.add_argument("--json", action="store_true")
+    sp = add("diff", cmd_diff, "keys added, removed and changed from A to B")
+    sp.add_argument("a")
+    sp.add_argument("b")
+    sp.add_argument("--json", action="store_true")
+    sp = add("checkout", cmd_checkout, "write the files of a manifest into DIR (verified)")
+    sp.add_argument("target")
+    sp.add_argument("dir")
+    sp.add_argument("--overwrite", action="store_true")
+    sp = add("log", cmd_log, "versions of a manifest, newest first")
+    sp.add_argument("target")
+    sp.add_argument("-n", "--limit", type=int, default=None)
     return p
+
+
+def _usage(p: argparse.ArgumentParser) -> int:
+    p.print_help(sys.stderr)
+    return 2
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
