@@ -22,7 +22,7 @@ from . import __version__
 from .errors import CasstoreError, ObjectNotFoundError
 from .store import Store, open_store
 
-__all__ = ["main", "default_store_dir"]
+__all__ = ["main", "default_store_dir", "open_from_args", "human_size"]
 
 
 def default_store_dir() -> Path:
@@ -33,6 +33,11 @@ def default_store_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "casstore"
+
+
+def human_size(n: float) -> str:
+    """``1536`` -> ``"1.5 KiB"``."""
+    return _human(n)
 
 
 def _human(n: float) -> str:
@@ -46,6 +51,11 @@ def _human(n: float) -> str:
 def _compress_arg(value: str) -> Any:
     """``--compress`` value: a zstd level given as digits becomes an int (``"5"`` -> 5)."""
     return int(value) if value.strip().isdigit() else value
+
+
+def open_from_args(args: argparse.Namespace, *, create: bool = True) -> Store:
+    """The store chosen by ``--store``, ``$CASSTORE_DIR`` or the default (for subcommand modules)."""
+    return _store(args, create=create)
 
 
 def _store(args: argparse.Namespace, *, create: bool = True) -> Store:
@@ -284,6 +294,11 @@ def cmd_log(args: argparse.Namespace) -> int:
     return 0
 
 
+# Subcommand modules (see the end of _build_parser).  Keep one per line.
+_EXTENSIONS: tuple[str, ...] = (
+)
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="casstore", description="Content-addressed artifact store.")
     p.add_argument("--store", metavar="DIR", help="store directory (default: $CASSTORE_DIR or ~/.cache/casstore)")
@@ -359,6 +374,12 @@ def _build_parser() -> argparse.ArgumentParser:
     sp = add("log", cmd_log, "versions of a manifest, newest first")
     sp.add_argument("target")
     sp.add_argument("-n", "--limit", type=int, default=None)
+    # Feature modules add their own subcommands: each casstore/_cli_<feature>.py
+    # defines ``register(add)``; list it in _EXTENSIONS.
+    import importlib
+
+    for modname in _EXTENSIONS:
+        importlib.import_module(f"casstore.{modname}").register(add)
     return p
 
 
