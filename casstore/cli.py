@@ -26,13 +26,10 @@ __all__ = ["main", "default_store_dir", "open_from_args", "human_size"]
 
 
 def default_store_dir() -> Path:
-    """``$CASSTORE_DIR``, else ``$XDG_CACHE_HOME/casstore``, else ``~/.cache/casstore``."""
-    env = os.environ.get("CASSTORE_DIR")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "casstore"
+    """The runtime setting ``store``: ``$CASSTORE_DIR``, a settings file, or ``~/.cache/casstore``."""
+    from .settings import current
+
+    return Path(current().store).expanduser()
 
 
 def human_size(n: float) -> str:
@@ -299,6 +296,27 @@ _EXTENSIONS: tuple[str, ...] = (
 )
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    from .settings import load_settings
+
+    st = load_settings()
+    doc = {k: getattr(st, k) for k in st.sources}
+    if args.json:
+        print(json.dumps({"settings": doc, "sources": dict(st.sources), "file": st.file}, indent=2))
+        return 0
+    print(f"# settings file: {st.file or '(none found)'}")
+    for k, v in doc.items():
+        print(f"{k:15} = {v!r:40} # {st.sources[k]}")
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    store = _store(args)
+    d = store.fetch(args.url, digest=args.digest, sha256=args.sha256, md5=args.md5, force=args.force or None)
+    print(d)
+    return 0
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="casstore", description="Content-addressed artifact store.")
     p.add_argument("--store", metavar="DIR", help="store directory (default: $CASSTORE_DIR or ~/.cache/casstore)")
@@ -374,6 +392,14 @@ def _build_parser() -> argparse.ArgumentParser:
     sp = add("log", cmd_log, "versions of a manifest, newest first")
     sp.add_argument("target")
     sp.add_argument("-n", "--limit", type=int, default=None)
+    sp = add("config", cmd_config, "print the effective runtime settings and where each came from")
+    sp.add_argument("--json", action="store_true")
+    sp = add("fetch", cmd_fetch, "download URL into the store once (other processes wait); print its digest")
+    sp.add_argument("url")
+    sp.add_argument("--digest", help="expected blake3 digest")
+    sp.add_argument("--sha256", help="expected sha256 (hex)")
+    sp.add_argument("--md5", help="expected md5 (hex)")
+    sp.add_argument("--force", action="store_true", help="download again even if stored")
     # Feature modules add their own subcommands: each casstore/_cli_<feature>.py
     # defines ``register(add)``; list it in _EXTENSIONS.
     import importlib

@@ -104,6 +104,13 @@ def _trailer(size: int) -> bytes:
     return _TRAILER.pack(_TRAILER_MAGIC, 12, _TRAILER_TAG, size)
 
 
+def _load_config(root: Path) -> StoreConfig:
+    try:
+        return StoreConfig.load(root)
+    except NotADirectoryError:  # root (or a parent) is a file
+        raise StoreFormatError(f"{root} is not a directory, so not a casstore store") from None
+
+
 def _hash_fd(fd: int, size: int) -> Digest:
     """Hash a file through bounded mmap windows (no copy; RSS stays bounded)."""
     h = new_hasher(threaded=True)
@@ -182,7 +189,12 @@ class _ObjectReader(io.RawIOBase):
 
     def readinto(self, b: Any) -> int:
         mv = memoryview(b).cast("B")
-        n: int = self._src.readinto(mv)
+        try:
+            n: int = self._src.readinto(mv)
+        except _codec.DecodeError as e:
+            raise IntegrityError(
+                f"object {self.digest} is corrupt: its zstd data cannot be decoded ({e}); file {self.name}"
+            ) from None
         if self._checked and n and self._hasher is not None:
             raise IntegrityError(f"object {self.digest} is longer than its recorded size; file {self.name}")
         if self._hasher is not None and not self._checked:
@@ -233,7 +245,7 @@ class Store:
                 durable=True if durable is None else durable,
                 shared=shared,
             ))
-        self.config = StoreConfig.load(self.root)
+        self.config = _load_config(self.root)
         self._level = self.config.level
         self.compress: Any = compress if compress is not None else (
             self._level if self.config.compression == ZSTD else None)
@@ -254,6 +266,8 @@ class Store:
             if not root.is_dir():
                 raise StoreFormatError(f"{root} exists and is not a directory")
             entries = set(os.listdir(root)) - {s.split("/")[0] for s in SUBDIRS}
+            if entries == {CONFIG_FILE}:
+                return  # another process created this store since our check: use it
             if entries:
                 raise StoreFormatError(
                     f"{root} is not empty and is not a casstore store (no {CONFIG_FILE}); "
@@ -323,6 +337,34 @@ class Store:
         if self._exists(d):
             return d
         self._write_buffer(d, mv, self._level_for(compress), durable=self.durable)
+        return d
+
+    def put_parts(self, parts: Iterable[Union[bytes, bytearray, memoryview]], *, compress: Any = None) -> Digest:
+        """Store the concatenation of ``parts`` without concatenating them in memory.
+
+        Used for a header plus a large buffer (``put_array``): hashes and writes
+        each part in turn.  Same digest as ``put(b"".join(parts))``.
+        """
+        mvs = [_as_buffer(p, "put_parts") for p in parts]
+        total = sum(len(m) for m in mvs)
+        h = new_hasher(threaded=total >= (1 << 20))
+        for m in mvs:
+            h.update(m)
+        d = Digest(h.hexdigest())
+        if self._exists(d):
+            return d
+        level = self._level_for(compress)
+        if level is not None and total and _codec.sample_pays(max(mvs, key=len)):
+            self._write_buffer(d, memoryview(b"".join(mvs)), level, durable=self.durable)
+            return d
+        st = self._stage()
+        try:
+            for m in mvs:
+                st.write(m)
+            self._publish(st, d, RAW)
+        except BaseException:
+            st.abort()
+            raise
         return d
 
     def _write_buffer(self, d: Digest, mv: memoryview, level: Optional[int], *, durable: bool,
@@ -520,7 +562,12 @@ class Store:
             raise ObjectNotFoundError(f"object {d} disappeared while being read") from None
         with f:
             if codec == ZSTD:
-                data = _codec.open_decoded(f).read()
+                try:
+                    data = _codec.open_decoded(f).read()
+                except _codec.DecodeError as e:
+                    raise IntegrityError(
+                        f"object {d} is corrupt: its zstd data cannot be decoded ({e}); file {path}"
+                    ) from None
                 got = hash_bytes(data) if verify else d
             else:
                 size = os.fstat(f.fileno()).st_size
@@ -535,6 +582,16 @@ class Store:
                     th = threading.Thread(target=work, name="casstore-verify")
                     th.start()
                 data = f.read(size) if size else b""
+                if 0 < len(data) < size:  # one read(2) returns at most ~2 GiB on Linux
+                    parts = [data]
+                    got_n = len(data)
+                    while got_n < size:
+                        more = f.read(size - got_n)
+                        if not more:
+                            break
+                        parts.append(more)
+                        got_n += len(more)
+                    data = b"".join(parts)
                 if len(data) != size:
                     raise IntegrityError(f"object {d} changed size while being read ({path})")
                 if th is not None:
@@ -703,6 +760,79 @@ class Store:
 
         return checkout(self, target, outdir, overwrite=overwrite)
 
+    # -- raw copies, fetch/derive, numpy and HDF5 adapters ------------------------
+
+    def raw_path(self, digest: DigestLike) -> Path:
+        """Like :meth:`path`, but a compressed object is first materialized raw (once).
+
+        The raw copy is published under the same digest (both forms may exist;
+        readers prefer raw), verified before it becomes visible.
+        """
+        d = self._digest(digest)
+        path, codec = self._locate(d)
+        if codec == RAW:
+            return Path(path)
+        h = new_hasher(threaded=True)
+        st = self._stage("raw")
+        try:
+            with self.open(d, verify=False) as f:
+                while True:
+                    chunk = f.read(CHUNK)
+                    if not chunk:
+                        break
+                    h.update(chunk)
+                    st.write(chunk)
+            got = Digest(h.hexdigest())
+            if got != d:
+                raise IntegrityError(f"object {d} is corrupt: it decodes to {got}; file {path}")
+            self._publish(st, d, RAW)
+        except BaseException:
+            st.abort()
+            raise
+        return object_path(self.root, d, RAW)
+
+    def fetch(self, url: str, **kwargs: Any) -> Digest:
+        """Download ``url`` once across processes; see :func:`casstore.fetch.fetch`."""
+        from .fetch import fetch
+
+        return fetch(self, url, **kwargs)
+
+    def derive(self, name: str, *, inputs: Any, fn: Any, params: Any = None, **kwargs: Any) -> Manifest:
+        """Compute ``fn`` once per (name, inputs, params, version); see :func:`casstore.fetch.derive`."""
+        from .fetch import derive
+
+        return derive(self, name, inputs=inputs, fn=fn, params=params, **kwargs)
+
+    def put_array(self, a: Any, *, compress: Any = None) -> Digest:
+        """Store a numpy array as a ``.npy`` object (see :mod:`casstore.arrays`)."""
+        from .arrays import put_array
+
+        return put_array(self, a, compress=compress)
+
+    def get_array(self, digest: DigestLike, *, mmap: bool = False, verify: bool = True) -> Any:
+        """Read an array; ``mmap=True`` memory-maps a raw object read-only, no copy."""
+        from .arrays import get_array
+
+        return get_array(self, digest, mmap=mmap, verify=verify)
+
+    def put_arrays(self, arrays: Any, *, compress: Any = None) -> Digest:
+        """Store a dict of arrays; returns the digest of a manifest bundle."""
+        from .arrays import put_arrays
+
+        return put_arrays(self, arrays, compress=compress)
+
+    def get_arrays(self, digest: DigestLike, *, mmap: bool = False, verify: bool = True) -> Dict[str, Any]:
+        """Read a bundle written by :meth:`put_arrays`."""
+        from .arrays import get_arrays
+
+        return get_arrays(self, digest, mmap=mmap, verify=verify)
+
+    def open_hdf5(self, digest: DigestLike, **kwargs: Any) -> Any:
+        """A read-only ``h5py.File`` on an object, safe with many concurrent readers."""
+        from .h5 import open_hdf5
+
+        return open_hdf5(self, digest, **kwargs)
+
     def sweep_tmp(self) -> List[Path]:
         """Remove staging files of dead writers now (also done on open)."""
         return sweep_stale(self._tmp)
@@ -717,7 +847,7 @@ class Store:
         return None
 
 
-def open_store(path: PathLike, *, create: bool = True, compress: Any = None,
+def open_store(path: Optional[PathLike] = None, *, create: bool = True, compress: Any = None,
                durable: Optional[bool] = None, shared: bool = False) -> Store:
     """Open the store at ``path``; create it there on first use unless ``create=False``.
 
@@ -727,8 +857,17 @@ def open_store(path: PathLike, *, create: bool = True, compress: Any = None,
     visibility still goes through rename, but a file may be empty after a
     crash of the machine, which ``verify`` reports).
     """
+    from .settings import current
+
+    cfg = current()
+    if path is None:
+        path = cfg.store
+    if compress is None and cfg.compression is not None:
+        compress = int(cfg.compression) if cfg.compression.isdigit() else cfg.compression
+    if durable is None:
+        durable = cfg.durable
     p = Path(os.path.expanduser(os.fspath(path)))
     if not create and not (p / CONFIG_FILE).exists():
-        StoreConfig.load(p)  # raises StoreFormatError with the reason
+        _load_config(p)  # raises StoreFormatError with the reason
     return Store(p, create=create, compress=compress, durable=durable, shared=shared)
 
