@@ -30,6 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Optional, Type
 
+from ._shared import makedirs, share_new_file
 from .errors import LockTimeout, ReadOnlyError
 
 __all__ = ["FileLock", "DEFAULT_TIMEOUT"]
@@ -65,15 +66,17 @@ class FileLock:
 
     def _open(self) -> int:
         try:
-            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, self.mode)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, self.mode)
         except FileNotFoundError:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, self.mode)
+            makedirs(self.path.parent)  # new dirs copy a shared (setgid) parent's mode
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, self.mode)
         except PermissionError as e:
             if self.shared:
                 # Readers of a read-only store may still take shared locks.
                 return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
             raise ReadOnlyError(f"cannot open lock file {self.path}: {e.strerror}") from None
+        share_new_file(fd, self.path.parent)  # group-writable in a shared store, whatever the umask
+        return fd
 
     def acquire(self) -> FileLock:
         """Take the lock or raise :class:`LockTimeout` after ``timeout`` seconds."""

@@ -18,6 +18,7 @@ lock; (5) a frozen manifest or pin never changes.
 
 from __future__ import annotations
 
+import copy
 import errno
 import fcntl
 import os
@@ -43,6 +44,7 @@ from typing import (
 import msgpack
 
 from ._fs import fsync_dir
+from ._gclock import commit_lock
 from ._lock import DEFAULT_TIMEOUT, FileLock
 from .digest import Digest
 from .errors import (
@@ -105,6 +107,10 @@ def _canonical(value: Any, where: str) -> Any:
     )
 
 
+def _packed_meta(meta: Mapping[str, Any]) -> bytes:
+    return msgpack.packb(_canonical(dict(meta), "manifest metadata"), use_bin_type=True)  # type: ignore[no-any-return]
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One manifest entry: an object's digest, its size, and free-form metadata."""
@@ -131,6 +137,8 @@ class Entry:
 
 def _entry_from_raw(key: str, raw: Any, digest: Optional[Digest]) -> Entry:
     try:
+        if not isinstance(raw, list) or not raw or not isinstance(raw[0], bytes):
+            raise TypeError("entry")  # else Digest.from_bytes may fail with AttributeError
         d = Digest.from_bytes(raw[0])
         size = raw[1]
         meta = raw[2] if len(raw) > 2 else {}
@@ -175,8 +183,10 @@ def decode_manifest(data: bytes, digest: Optional[Digest] = None) -> Dict[str, A
     if not isinstance(doc, dict) or doc.get("casstore") != _KIND:
         raise StoreFormatError(f"object {digest} is not a casstore manifest")
     v = doc.get("v")
-    if not isinstance(v, int) or v > MANIFEST_FORMAT:
+    if type(v) is int and v > MANIFEST_FORMAT:
         raise StoreFormatError(f"manifest {digest} has format {v!r}, newer than this casstore; upgrade it")
+    if type(v) is not int or v != MANIFEST_FORMAT:  # format.md: readers refuse versions they do not know
+        raise StoreFormatError(f"manifest {digest} has unknown format {v!r} (expected {MANIFEST_FORMAT})")
     if not isinstance(doc.get("entries"), dict) or not isinstance(doc.get("meta"), dict):
         raise StoreFormatError(f"manifest {digest} lacks its entries or meta map")
     parent = doc.get("parent")
@@ -251,7 +261,9 @@ class ManifestEditor(MutableMapping[str, Entry]):
         self.base = base
         self._allow_missing = allow_missing
         self._entries: Dict[str, Any] = dict(base._entries) if base is not None else {}
-        self.meta: Dict[str, Any] = dict(base._meta) if base is not None else {}
+        # A deep copy: nested values (m.meta["cfg"]["lr"] = 2) must not alias the base
+        # version's, or the change would compare equal to the base and be dropped.
+        self.meta: Dict[str, Any] = copy.deepcopy(base._meta) if base is not None else {}
         self._changed: Dict[str, Entry] = {}
         self._dirty = False
         self.result: Optional[Manifest] = base
@@ -313,7 +325,8 @@ class ManifestEditor(MutableMapping[str, Entry]):
 
     def _commit(self) -> Optional[Manifest]:
         base_meta = self.base._meta if self.base is not None else {}
-        if not self._dirty and self.meta == base_meta:
+        # Compare encodings too: 1 == 1.0 == True in Python, but they are different metadata.
+        if not self._dirty and self.meta == base_meta and _packed_meta(self.meta) == _packed_meta(base_meta):
             return self.base
         self._complete_entries()
         parent = self.base.digest if self.base is not None else None
@@ -359,7 +372,10 @@ class EditTransaction:
                  tb: Optional[TracebackType]) -> None:
         try:
             if et is None and self.editor is not None:
-                self.editor.result = self.editor._commit()
+                # The store's GC lock, shared: gc cannot delete between our existence
+                # checks and the ref landing (docs/maintenance.md).
+                with commit_lock(self._store, timeout=self._lock.timeout):
+                    self.editor.result = self.editor._commit()
         finally:
             self._lock.release()
 
@@ -421,7 +437,8 @@ def history(store: Store, target: Union[str, Digest], limit: Optional[int] = Non
 def freeze(store: Store, name: str, *, timeout: Optional[float] = DEFAULT_TIMEOUT) -> Digest:
     """Turn head ``name`` into a pin (idempotent); return the frozen version's digest."""
     name = validate_name(name)
-    with FileLock(lock_path(store.root, "names", name), timeout=timeout, what=f"manifest {name!r}"):
+    with FileLock(lock_path(store.root, "names", name), timeout=timeout, what=f"manifest {name!r}"), \
+            commit_lock(store, timeout=timeout):
         head = read_ref(store.root, "heads", name)
         pin = read_ref(store.root, "pins", name)
         if head is None:
@@ -441,8 +458,9 @@ def pin(store: Store, name: str, target: Union[str, Digest], *, force: bool = Fa
     """Pin a version (by digest or by another name) under ``name``."""
     name = validate_name(name)
     d = resolve_target(store, target)[0]
-    _load(store, d)  # must exist and be a manifest
-    with FileLock(lock_path(store.root, "names", name), timeout=timeout, what=f"pin {name!r}"):
+    with FileLock(lock_path(store.root, "names", name), timeout=timeout, what=f"pin {name!r}"), \
+            commit_lock(store, timeout=timeout):
+        _load(store, d)  # must exist and be a manifest; gc cannot delete it while we hold commit_lock
         if read_ref(store.root, "heads", name) is not None:
             raise InvalidInputError(f"{name!r} is a head (editable manifest); use store.freeze({name!r}) instead")
         old = read_ref(store.root, "pins", name)
@@ -521,11 +539,24 @@ def checkout(store: Store, target: Union[str, Digest], outdir: Union[str, os.Pat
     from .store import _copy_fd, _hash_fd
 
     man = read_manifest(store, target)
+    # Check every key (and entry) before writing anything: a hostile or malformed
+    # manifest is refused as a whole, and nothing is ever written outside outdir.
+    keys = set(man)
+    for key in man:
+        validate_key(key)
+        man[key]  # decodes the entry: StoreFormatError now, before any file is written
+        parent = key.rpartition("/")[0]
+        while parent:
+            if parent in keys:
+                raise InvalidInputError(
+                    f"manifest {man.digest}: keys {parent!r} and {key!r} conflict ({parent!r} would have to be "
+                    "both a file and a directory); nothing was checked out"
+                )
+            parent = parent.rpartition("/")[0]
     out = Path(outdir).absolute()
     out.mkdir(parents=True, exist_ok=True)
     written: List[Path] = []
     for key in man:
-        validate_key(key)  # a hostile manifest must not write outside outdir
         e = man[key]
         dest = out / key
         if dest.exists():
@@ -536,7 +567,8 @@ def checkout(store: Store, target: Union[str, Digest], outdir: Union[str, os.Pat
             if not overwrite:
                 raise InvalidInputError(f"{dest} exists with other content; pass overwrite=True to replace it")
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.parent / f".{dest.name}.casstore-{os.getpid()}.part"
+        # Not derived from dest.name: a valid key segment may be 255 bytes, the limit for a file name.
+        tmp = dest.parent / f".casstore-{os.getpid()}-{os.urandom(6).hex()}.part"
         try:
             info = store.stat(e.digest)
             with open(tmp, "w+b") as fo:

@@ -17,6 +17,7 @@ import errno
 import io
 import mmap
 import os
+import stat
 import struct
 import threading
 from dataclasses import dataclass
@@ -59,7 +60,9 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from .gc import GCPlan, LimitResult, Usage
     from .manifest import Diff, EditTransaction, Manifest
+    from .verify import VerifyReport
 
 __all__ = ["Store", "ObjectInfo", "open_store", "DigestLike", "PathLike"]
 
@@ -276,6 +279,10 @@ class Store:
         try:
             for sub in SUBDIRS:
                 (root / sub).mkdir(parents=True, exist_ok=True)
+            if cfg.shared:  # setgid, group-writable dirs and lock files (docs/maintenance.md)
+                from ._shared import share_layout
+
+                share_layout(root)
             # store.toml is written last: its presence marks a complete store.
             # Two processes creating the same store write identical bytes.
             write_file_atomic(root / TMP, root / CONFIG_FILE, cfg.to_toml(), mode=0o444)
@@ -300,6 +307,27 @@ class Store:
 
     def _exists(self, d: Digest) -> bool:
         return any(os.path.exists(object_path(self.root, d, c)) for c in (RAW, ZSTD))
+
+    def _touch(self, d: Digest) -> bool:
+        """Dedupe check for puts: True if the object exists, refreshing its mtime.
+
+        A re-put object is "fresh" again, so GC's grace period protects it
+        while the writer goes on to reference it (docs/maintenance.md).  One
+        ``utime`` replaces the ``stat``; a file GC removed meanwhile gives
+        False and the caller writes a new copy.  Another user's object in a
+        shared store cannot be refreshed (EPERM); it still counts as present.
+        """
+        for codec in (RAW, ZSTD):
+            p = object_path(self.root, d, codec)
+            try:
+                os.utime(p)
+                return True
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError:  # EPERM/EACCES (not ours), EROFS: exists, cannot refresh
+                if os.path.exists(p):
+                    return True
+        return False
 
     def _stage(self, kind: str = "obj") -> Staging:
         try:
@@ -334,7 +362,7 @@ class Store:
         """
         mv = _as_buffer(data)
         d = hash_bytes(mv)
-        if self._exists(d):
+        if self._touch(d):
             return d
         self._write_buffer(d, mv, self._level_for(compress), durable=self.durable)
         return d
@@ -351,7 +379,7 @@ class Store:
         for m in mvs:
             h.update(m)
         d = Digest(h.hexdigest())
-        if self._exists(d):
+        if self._touch(d):
             return d
         level = self._level_for(compress)
         if level is not None and total and _codec.sample_pays(max(mvs, key=len)):
@@ -419,7 +447,7 @@ class Store:
                 mv = _as_buffer(item, "put_many")
                 d = hash_bytes(mv)
                 out.append(d)
-                if d in seen or self._exists(d):
+                if d in seen or self._touch(d):
                     continue
                 seen.add(d)
                 self._write_buffer(d, mv, level, durable=False, defer=pending)
@@ -448,7 +476,13 @@ class Store:
         except IsADirectoryError:
             raise InvalidTypeError(f"{p} is a directory; put_path stores one regular file") from None
         try:
-            size = os.fstat(src).st_size
+            fst = os.fstat(src)
+            if stat.S_ISDIR(fst.st_mode):  # os.open() of a directory succeeds on Linux
+                raise InvalidTypeError(f"{p} is a directory; put_path stores one regular file")
+            if not stat.S_ISREG(fst.st_mode):  # pipe, FIFO, device: st_size is not the content size
+                with io.FileIO(src, "rb", closefd=False) as f:
+                    return self.put_stream(f, compress=compress)
+            size = fst.st_size
             level = self._level_for(compress)
             if level is not None and _codec.file_sample_pays(src, size):
                 with io.FileIO(src, "rb", closefd=False) as f:
@@ -481,7 +515,7 @@ class Store:
                     synced = True
             if err:
                 raise err[0]
-            if self._exists(d):
+            if self._touch(d):
                 st.abort()
                 return d
             self._publish(st, d, RAW, synced=synced)
@@ -509,7 +543,7 @@ class Store:
                 st.write(chunk)
                 chunk = stream.read(CHUNK)
             d = Digest(h.hexdigest())
-            if self._exists(d):
+            if self._touch(d):
                 st.abort()
                 return d
             self._publish(st, d, RAW)
@@ -535,7 +569,7 @@ class Store:
                 writer.flush(_codec.FLUSH_FRAME)
                 raw.write(_trailer(total))
             d = Digest(h.hexdigest())
-            if self._exists(d):
+            if self._touch(d):
                 st.abort()
                 return d
             self._publish(st, d, ZSTD)
@@ -832,6 +866,146 @@ class Store:
         from .h5 import open_hdf5
 
         return open_hdf5(self, digest, **kwargs)
+
+    # -- remotes on an S3-compatible object store (implemented in casstore.remote) ---
+
+    def push(self, remote: Any, *names: str, force: bool = False) -> Any:
+        """Upload pins/heads and their closures to ``remote`` (objects the remote lacks first, refs last).
+
+        ``remote`` is a :class:`casstore.Remote` or the name of one in ``remotes.toml``.
+        Refs move by compare-and-swap: a lost race raises :class:`RemoteConflictError`
+        (pull, then push again).  Returns a :class:`casstore.remote.TransferReport`.
+        """
+        from .remote import push
+
+        return push(self, remote, *names, force=force)
+
+    def pull(self, remote: Any, *names: str, merge: bool = True) -> Any:
+        """Download pins/heads from ``remote``: each object verified as it arrives, refs created last.
+
+        A head that diverged from the local one is merged (three-way, by key)
+        unless ``merge=False``.  Returns a :class:`casstore.remote.TransferReport`.
+        """
+        from .remote import pull
+
+        return pull(self, remote, *names, merge=merge)
+
+    def fetch_object(self, digest: DigestLike, *, remotes: Optional[Iterable[Any]] = None,
+                     verify: bool = True) -> bytes:
+        """``get``, but a local miss downloads the object (verified) from the first remote holding it."""
+        from .remote import fetch_object
+
+        return fetch_object(self, digest, remotes=remotes, verify=verify)
+
+    def _adopt_file(self, path: PathLike, *, link: bool = False) -> Digest:
+        """Make a finished file in this store's ``tmp/`` an object without copying it; return its digest.
+
+        The file is hashed through mmap windows while a helper thread fsyncs it
+        (if the store is durable), made mode 0o444, then hard-linked (``link``:
+        the temp name stays valid for whoever still reads it) or renamed into
+        ``objects/``, and the directory is fsynced.  If the object exists already
+        nothing is published (dedupe).  The caller must never change the file
+        again.  Where hard links are refused the bytes are copied instead.  Used by
+        ``IndexCache.preserve`` (casstore/cache.py).
+        """
+        from ._fs import _makedirs
+
+        p = os.fspath(path)
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            err: List[BaseException] = []
+            th: Optional[threading.Thread] = None
+            if self.durable:
+                def sync() -> None:
+                    try:
+                        os.fsync(fd)
+                    except BaseException as e:  # pragma: no cover - I/O error
+                        err.append(e)
+                th = threading.Thread(target=sync, name="casstore-fsync")
+                th.start()
+            try:
+                d = _hash_fd(fd, size)
+            finally:
+                if th is not None:
+                    th.join()
+            if err:
+                raise err[0]
+            dest = object_path(self.root, d, RAW)
+            if os.path.exists(dest):
+                if not link:
+                    os.unlink(p)
+                return d
+            os.fchmod(fd, self._mode)
+            try:
+                try:
+                    (os.link if link else os.rename)(p, dest)
+                except FileNotFoundError:
+                    _makedirs(dest.parent, self.durable)
+                    (os.link if link else os.rename)(p, dest)
+            except FileExistsError:
+                return d  # another writer published the same object meanwhile
+            except OSError as e:
+                if e.errno not in (errno.EPERM, errno.EXDEV, errno.EOPNOTSUPP, errno.EMLINK):
+                    raise
+                st = self._stage()  # no hard links here: copy once
+                try:
+                    _copy_fd(fd, st.fd, size)
+                    self._publish(st, d, RAW)
+                except BaseException:
+                    st.abort()
+                    raise
+                return d
+        finally:
+            os.close(fd)
+        if self.durable:
+            fsync_dir(dest.parent)
+        return d
+
+    # -- maintenance: gc, verify, usage, size limits (casstore.gc, casstore.verify) -------
+
+    def plan_gc(self, keep_history: int = 5, grace: Any = "1h") -> GCPlan:
+        """Plan a garbage collection; nothing is deleted until ``plan.execute()``.
+
+        Keeps every pin, each head's current version and its last
+        ``keep_history`` versions (and everything they reference), and every
+        object written or re-put within ``grace`` (seconds, timedelta or
+        ``"90s"``/``"10m"``/``"1h"``).  Reads no data object.  See docs/maintenance.md.
+        """
+        from .gc import plan_gc
+
+        return plan_gc(self, keep_history=keep_history, grace=grace)
+
+    def verify(self, *, fast: bool = False, repair: bool = False, incremental: bool = False,
+               progress: Optional[bool] = None) -> VerifyReport:
+        """Re-hash every object and resolve every reference; return a :class:`~casstore.verify.VerifyReport`.
+
+        ``fast``: sizes and headers only.  ``incremental``: skip files unchanged
+        since a recent verification.  ``repair``: move corrupt and stray files
+        to ``bad/`` and remove stale staging files (never deletes data; lost
+        pinned or head-referenced data is reported).  ``progress``: a bar on
+        stderr (default: only on a terminal).
+        """
+        from .verify import verify
+
+        return verify(self, fast=fast, repair=repair, incremental=incremental, progress=progress)
+
+    def usage(self) -> Usage:
+        """Objects, logical and stored bytes, compression ratio, dedupe savings, per head and pin."""
+        from .gc import usage
+
+        return usage(self)
+
+    def limit(self, max_bytes: Union[int, str], *, keep_history: int = 5, grace: Any = "1h",
+              dry_run: bool = False) -> LimitResult:
+        """Evict least-recently-used *unreferenced* objects until the objects fit in ``max_bytes``.
+
+        Pinned and head-referenced objects are never evicted; when the limit
+        cannot be met the result says so (``met`` is False, ``message`` why).
+        """
+        from .gc import limit
+
+        return limit(self, max_bytes, keep_history=keep_history, grace=grace, dry_run=dry_run)
 
     def sweep_tmp(self) -> List[Path]:
         """Remove staging files of dead writers now (also done on open)."""

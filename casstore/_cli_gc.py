@@ -1,0 +1,140 @@
+"""Maintenance subcommands: ``gc``, ``verify``, ``du``, ``stats`` (registered in cli._EXTENSIONS).
+
+``casstore gc`` only plans (a dry run) unless ``--yes`` is given.  Long work
+shows a progress bar on a terminal and stays quiet when piped; ``--json``
+prints one JSON document for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Callable
+
+from ._progress import human_bytes
+from .errors import InvalidInputError
+
+__all__ = ["register"]
+
+Add = Callable[[str, Callable[[argparse.Namespace], int], str], argparse.ArgumentParser]
+
+
+def _open(args: argparse.Namespace) -> Any:
+    from .cli import open_from_args
+
+    return open_from_args(args, create=False)
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    """Plan (and with --yes execute) a garbage collection, or a size limit with --max-size."""
+    from .gc import plan_gc, plan_limit
+
+    store = _open(args)
+    if args.dry_run and args.yes:
+        raise InvalidInputError("--dry-run and --yes contradict each other; give one")
+    if args.max_size is not None:
+        plan = plan_limit(store, args.max_size, keep_history=args.keep_history, grace=args.grace)
+    else:
+        plan = plan_gc(store, keep_history=args.keep_history, grace=args.grace)
+    result = plan.execute(timeout=args.timeout) if args.yes and plan.files else None
+    if args.json:
+        doc = plan.to_dict(objects=args.verbose)
+        doc["dry_run"] = not args.yes
+        if result is not None:
+            doc["result"] = result.to_dict()
+        print(json.dumps(doc, indent=2))
+    else:
+        print(plan.summary())
+        if args.verbose:
+            for d in plan.objects:
+                print(f"  delete {d}  {plan.why(d)}")
+        if result is not None:
+            print(f"deleted {len(result.deleted)} objects, freed {human_bytes(result.freed_bytes)} "
+                  f"in {result.seconds:.1f}s" + (f"; {len(result.skipped)} kept after all (in use again)"
+                                                 if result.skipped else ""))
+        elif not args.yes and plan.files:
+            print("dry run: nothing deleted; run `casstore gc --yes` (same options) to delete")
+    return 0 if plan.met else 1
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Verify every object and reference; exit 1 if anything is damaged."""
+    store = _open(args)
+    report = store.verify(fast=args.fast, repair=args.repair, incremental=args.incremental)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(report.summary())
+    return 0 if report.ok else 1
+
+
+def cmd_du(args: argparse.Namespace) -> int:
+    """Disk usage per pin and head (their current versions)."""
+    store = _open(args)
+    u = store.usage()
+    rows = [n for n in u.by_name if args.by is None or n.kind == args.by]
+    if args.json:
+        doc = u.to_dict()
+        print(json.dumps(doc["by_name"] if args.by is None else [r for r in doc["by_name"] if r["kind"] == args.by],
+                         indent=2))
+        return 0
+    print(f"{'kind':4}  {'entries':>8}  {'logical':>10}  {'stored':>10}  {'exclusive':>10}  name")
+    for n in rows:
+        miss = f"  ({n.missing} missing)" if n.missing else ""
+        print(f"{n.kind:4}  {n.entries:>8}  {human_bytes(n.logical_bytes):>10}  {human_bytes(n.stored_bytes):>10}  "
+              f"{human_bytes(n.exclusive_bytes):>10}  {n.name}{miss}")
+    print(f"total: {u.objects} objects, {human_bytes(u.stored_bytes)} stored; "
+          f"{human_bytes(u.unreferenced_bytes)} in {u.unreferenced_objects} unreferenced objects (see `casstore gc`)")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """Store-wide usage: objects, bytes, compression and dedupe."""
+    store = _open(args)
+    u = store.usage()
+    if args.json:
+        print(json.dumps(u.to_dict(), indent=2))
+        return 0
+    print(f"store            {store.root}")
+    print(f"objects          {u.objects} ({u.files} files: {u.codecs.get('raw', 0)} raw, "
+          f"{u.codecs.get('zstd', 0)} zstd)")
+    print(f"logical bytes    {human_bytes(u.logical_bytes)}")
+    print(f"stored bytes     {human_bytes(u.stored_bytes)}")
+    print(f"compression      {u.compression_ratio:.2f}x")
+    print(f"dedupe savings   {human_bytes(u.dedupe_savings)} (manifests reference "
+          f"{human_bytes(u.referenced_bytes)})")
+    print(f"names            {sum(1 for n in u.by_name if n.kind == 'pin')} pins, "
+          f"{sum(1 for n in u.by_name if n.kind == 'head')} heads, {u.versions} manifest versions")
+    print(f"unreferenced     {u.unreferenced_objects} objects, {human_bytes(u.unreferenced_bytes)}")
+    return 0
+
+
+def register(add: Add) -> None:
+    """Add the maintenance subcommands to the ``casstore`` parser."""
+    sp = add("gc", cmd_gc, "delete unreferenced objects (plans only, unless --yes)")
+    mode = sp.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="only show the plan (the default)")
+    mode.add_argument("--yes", "-y", action="store_true", help="delete what the plan lists")
+    sp.add_argument("--keep-history", type=int, default=5, metavar="N",
+                    help="versions kept behind each head's current one (default 5)")
+    sp.add_argument("--grace", default="1h",
+                    help="keep objects written within this long: 90s, 10m, 1h, 2d (default 1h)")
+    sp.add_argument("--max-size", default=None, metavar="SIZE",
+                    help="instead: evict least-recently-used unreferenced objects until the store fits SIZE "
+                         "(e.g. 50G); exits 1 if pinned and head-referenced data alone exceed it")
+    sp.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for commits in progress")
+    sp.add_argument("-v", "--verbose", action="store_true", help="list every object and why it goes")
+    sp.add_argument("--json", action="store_true")
+    sp = add("verify", cmd_verify, "re-hash every object and check every reference (exit 1 if damaged)")
+    sp.add_argument("--fast", action="store_true", help="sizes and headers only (no hashing)")
+    sp.add_argument("--repair", action="store_true",
+                    help="move corrupt and stray files to bad/, remove stale staging files; never deletes data")
+    sp.add_argument("--incremental", action="store_true",
+                    help="skip files unchanged since a verification within the last 30 days")
+    sp.add_argument("--json", action="store_true")
+    sp = add("du", cmd_du, "disk usage per pin and head")
+    sp.add_argument("--by", choices=("pin", "head"), default=None, help="only pins or only heads")
+    sp.add_argument("--json", action="store_true")
+    sp = add("stats", cmd_stats, "objects, bytes, compression ratio and dedupe savings")
+    sp.add_argument("--json", action="store_true")
+

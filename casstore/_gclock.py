@@ -1,0 +1,67 @@
+"""The store-wide GC lock: commits share it, garbage collection holds it alone.
+
+Two sidecar files in ``<root>/locks``:
+
+``gc.lock``
+    Every operation that makes a ref point at objects (an edit's commit, ``pin``,
+    ``freeze``) holds it *shared* while it checks that its objects exist and
+    writes the version and the ref.  ``gc`` holds it *exclusive* while it
+    re-reads the roots and deletes.  So no reference can land between GC's
+    root scan and its deletes: a commit either finished before (GC sees the
+    new ref) or starts after (it finds any object GC removed missing, and
+    fails instead of referencing it).
+
+``gc.gate``
+    Makes the lock writer-preferring.  flock has no queue, so a stream of
+    overlapping shared holders (busy committers) could starve GC forever.
+    Committers hold the gate shared only while *acquiring* ``gc.lock``; GC
+    takes the gate exclusive first, which stops new committers at the gate,
+    then waits for the current ones to drain from ``gc.lock``.
+
+Lock order: a name lock (``locks/names/...``) before these; GC takes no name
+lock, so the two can never deadlock.  Like every casstore lock these only
+serialize; correctness of objects never depends on them.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
+
+from ._layout import LOCKS
+from ._lock import FileLock
+
+__all__ = ["commit_lock", "gc_lock", "GC_LOCK", "GC_GATE"]
+
+GC_LOCK = "gc.lock"
+GC_GATE = "gc.gate"
+
+
+def _root(store_or_root: object) -> Path:
+    root = getattr(store_or_root, "root", store_or_root)
+    assert isinstance(root, Path)
+    return root
+
+
+@contextmanager
+def commit_lock(store_or_root: object, *, timeout: Optional[float] = 600.0) -> Iterator[None]:
+    """Hold the GC lock shared (for landing references to objects)."""
+    locks = _root(store_or_root) / LOCKS
+    lock = FileLock(locks / GC_LOCK, timeout=timeout, shared=True, what="the store's GC lock (a gc is deleting)")
+    with FileLock(locks / GC_GATE, timeout=timeout, shared=True, what="the store's GC gate (a gc is starting)"):
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+@contextmanager
+def gc_lock(store_or_root: object, *, timeout: Optional[float] = 600.0) -> Iterator[None]:
+    """Hold the GC lock exclusive: no commit, pin or freeze runs meanwhile."""
+    locks = _root(store_or_root) / LOCKS
+    with FileLock(locks / GC_GATE, timeout=timeout, what="the store's GC gate (another gc is running)"):
+        with FileLock(locks / GC_LOCK, timeout=timeout,
+                      what="the store's GC lock (commits in progress hold it shared)"):
+            yield

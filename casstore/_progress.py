@@ -1,0 +1,111 @@
+"""A tiny progress bar for long maintenance work (verify, gc): stderr, terminals only.
+
+No dependency: one line redrawn with ``\\r`` at most every ``interval`` seconds.
+It is enabled automatically when stderr is a terminal and stays silent when
+output is piped or redirected (so ``--json`` output and logs stay clean).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from types import TracebackType
+from typing import Optional, TextIO, Type
+
+__all__ = ["Progress", "human_bytes"]
+
+_BAR = 24
+
+
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``"1.5 KiB"`` (binary units)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def _eta(seconds: float) -> str:
+    s = int(seconds + 0.5)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+class Progress:
+    """``with Progress(total, desc="verify") as p: p.update(n)``.
+
+    ``unit="B"`` shows byte counts and rates in binary units; any other unit is
+    shown as a plain count.  ``enabled=None`` means "only if the stream is a
+    terminal".  ``total=None`` shows a count without a bar.
+    """
+
+    def __init__(self, total: Optional[int], *, desc: str, unit: str = "B", enabled: Optional[bool] = None,
+                 stream: Optional[TextIO] = None, interval: float = 0.1) -> None:
+        self.stream: TextIO = stream if stream is not None else sys.stderr
+        if enabled is None:
+            try:
+                enabled = self.stream.isatty()
+            except (AttributeError, ValueError):
+                enabled = False
+        self.enabled = enabled
+        self.total = total
+        self.desc = desc
+        self.unit = unit
+        self.done = 0
+        self.interval = interval
+        self._t0 = time.monotonic()
+        self._last = 0.0
+        self._width = 0
+
+    def _fmt(self, n: float) -> str:
+        return human_bytes(n) if self.unit == "B" else f"{n:,.0f}"
+
+    def line(self) -> str:
+        """The current progress line (without the leading carriage return)."""
+        elapsed = max(time.monotonic() - self._t0, 1e-9)
+        rate = self.done / elapsed
+        rate_s = f"{self._fmt(rate)}/s" if self.unit == "B" else f"{rate:,.0f} {self.unit}/s"
+        if self.total:
+            frac = min(1.0, self.done / self.total)
+            fill = int(frac * _BAR)
+            bar = "#" * fill + "-" * (_BAR - fill)
+            eta = _eta((self.total - self.done) / rate) if rate > 0 and self.done < self.total else "0s"
+            return (f"{self.desc}: {frac * 100:5.1f}% [{bar}] {self._fmt(self.done)}/{self._fmt(self.total)}"
+                    f" {rate_s} ETA {eta}")
+        return f"{self.desc}: {self._fmt(self.done)} {rate_s}"
+
+    def update(self, n: int = 1) -> None:
+        """Advance by ``n`` units; redraws at most every ``interval`` seconds."""
+        self.done += n
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self._last >= self.interval:
+            self._last = now
+            self._draw()
+
+    def _draw(self) -> None:
+        text = self.line()
+        pad = max(0, self._width - len(text))
+        self._width = len(text)
+        self.stream.write("\r" + text + " " * pad)
+        self.stream.flush()
+
+    def close(self) -> None:
+        """Draw the final state and end the line (no-op when disabled)."""
+        if self.enabled:
+            self._draw()
+            self.stream.write("\n")
+            self.stream.flush()
+            self.enabled = False
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, et: Optional[Type[BaseException]], ev: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        self.close()

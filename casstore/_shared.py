@@ -1,0 +1,133 @@
+"""Shared multi-user stores: group-writable directories and lock files.
+
+A store created with ``casstore init --shared`` (``Store(path, shared=True)``)
+is used by several accounts of one Unix group.  What has to hold, whatever the
+creating process's umask:
+
+* every directory is setgid and group-writable (``rwxrwsr-x``, 0o2775): files
+  and directories created in it inherit the directory's group, and any member
+  may create objects and refs, rename over refs, and unlink (GC) in it;
+* lock files are group-writable (0o664): ``flock`` needs a descriptor and an
+  exclusive lock here is taken on one opened for writing;
+* objects, refs and ``store.toml`` stay read-only (0o444) -- they are
+  replaced or removed through their directory, never written in place.
+
+The setgid bit on a directory is how later code recognises a shared store
+without reading ``store.toml``: a directory casstore creates inside a setgid
+directory copies its parent's mode, and a lock file created in one is made
+group-writable.  In a private store nothing changes.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Dict, List
+
+from ._layout import BAD, LOCKS, OBJECTS, REFS, SUBDIRS, TMP
+
+__all__ = ["DIR_MODE", "LOCK_MODE", "share_layout", "makedirs", "share_new_file", "is_shared_dir", "STATE"]
+
+DIR_MODE = 0o2775
+LOCK_MODE = 0o664
+STATE = "state"
+"""``<root>/state``: maintenance bookkeeping (verify's incremental record)."""
+
+_shared_cache: Dict[str, bool] = {}
+
+
+def is_shared_dir(path: Path | str) -> bool:
+    """Whether ``path`` is a directory of a shared store (setgid bit set); cached per path."""
+    key = os.fspath(path)
+    hit = _shared_cache.get(key)
+    if hit is None:
+        try:
+            hit = bool(os.stat(key).st_mode & stat.S_ISGID)
+        except OSError:
+            return False
+        _shared_cache[key] = hit
+    return hit
+
+
+def _chmod_dir(path: Path, gid: int) -> None:
+    os.chmod(path, DIR_MODE)
+    st = os.stat(path)
+    if st.st_gid != gid:
+        try:
+            os.chown(path, -1, gid)
+        except PermissionError:
+            pass  # not a member of that group: keep ours (the setgid bit still propagates ours)
+
+
+def share_layout(root: Path) -> None:
+    """Make a freshly created store layout group-shared (before ``store.toml`` appears).
+
+    The store's group is the root directory's group: create the directory and
+    ``chgrp`` it to the team's group before ``casstore init --shared``.  All 256
+    fan-out directories are created now, so no later put has to create one.
+    """
+    gid = os.stat(root).st_gid
+    _chmod_dir(root, gid)
+    dirs: List[Path] = [root / REFS]
+    dirs += [root / sub for sub in SUBDIRS]
+    dirs += [root / LOCKS / "names", root / BAD, root / STATE]
+    for d in dirs:
+        d.mkdir(parents=True, exist_ok=True)
+        _chmod_dir(d, gid)
+    objdir = root / OBJECTS
+    for i in range(256):
+        fan = objdir / f"{i:02x}"
+        fan.mkdir(exist_ok=True)
+        _chmod_dir(fan, gid)
+    for name in ("gc.lock", "gc.gate"):
+        fd = os.open(root / LOCKS / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, LOCK_MODE)
+        try:
+            os.fchmod(fd, LOCK_MODE)
+        finally:
+            os.close(fd)
+    os.chmod(root / TMP, DIR_MODE)
+
+
+def makedirs(path: Path) -> None:
+    """``path.mkdir(parents=True, exist_ok=True)``; new directories copy a setgid parent's mode.
+
+    Raises what ``Path.mkdir`` raises (``FileExistsError``, ``NotADirectoryError``).
+    In a private store (parent not setgid) this is exactly ``Path.mkdir``.
+    """
+    missing: List[Path] = []
+    p = path
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    path.mkdir(parents=True, exist_ok=True)
+    if not missing:
+        return
+    try:
+        st = os.stat(p)
+    except OSError:
+        return
+    if not st.st_mode & stat.S_ISGID:
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    for d in reversed(missing):
+        try:
+            os.chmod(d, mode)
+        except OSError:
+            pass  # created by another user at the same moment: theirs to chmod
+
+
+def share_new_file(fd: int, directory: Path | str, mode: int = LOCK_MODE) -> None:
+    """Give a file we own in a shared (setgid) directory group read/write, whatever the umask.
+
+    Cheap when nothing is to be done: one ``fstat`` (plus one cached ``stat`` of
+    the directory the first time).
+    """
+    st = os.fstat(fd)
+    if st.st_mode & 0o060 == 0o060 or st.st_uid != os.geteuid():
+        return
+    if is_shared_dir(directory):
+        try:
+            os.fchmod(fd, mode)
+        except OSError:  # pragma: no cover - not the owner after all
+            pass
