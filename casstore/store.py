@@ -932,11 +932,19 @@ class Store:
             if err:
                 raise err[0]
             dest = object_path(self.root, d, RAW)
-            if os.path.exists(dest):
+            try:
+                os.utime(dest)  # exists: refresh it, so GC's grace period covers the caller's next step
+                exists = True
+            except (FileNotFoundError, NotADirectoryError):
+                exists = False
+            except OSError:  # not ours (shared store) or read-only: present all the same
+                exists = os.path.exists(dest)
+            if exists:
                 if not link:
                     os.unlink(p)
                 return d
             os.fchmod(fd, self._mode)
+            os.utime(fd)  # a fresh object for GC's grace period, whenever the file was written
             try:
                 try:
                     (os.link if link else os.rename)(p, dest)

@@ -1,0 +1,1137 @@
+"""IndexCache: a per-sample cache for training loops, shared by data loader workers.
+
+``cache = casstore.IndexCache(store, length=N)``; ``cache.put(i, b)`` / ``cache.get(i)``
+from any number of processes (fork or spawn); ``cache.freeze()`` ends the puts and
+switches every reader to lock-free memory-mapped reads; ``cache.preserve(name)`` keeps
+the frozen cache as one content-addressed object pinned under ``name``;
+``IndexCache.open(store, name)`` maps it again in the next run.  See
+docs/index-cache.md (user guide, pfio migration) and docs/format.md.
+
+How it is built (the reasons are in docs/index-cache.md):
+
+* **Live cache** (before freeze): a directory ``<store>/tmp/<pid>.<start>.<host>.<hex>.icache``
+  named like every staging file, so ``sweep_stale`` removes it once its creator is dead.
+  It holds ``index`` (a 64-byte header plus one 32-byte slot per index, memory-mapped
+  shared by every process), ``lock`` (an fcntl lock file) and one append-only
+  ``data.<k>`` file per writing process.  A put appends the payload to its own
+  process's data file with no lock, then takes the lock only to check and fill the
+  slot: payload first, slot second, the slot's tag word last.  A crash before the
+  slot is complete leaves no entry (the tag does not match), never a partial record.
+* **Frozen file** (after freeze): ``[64-byte header][payloads in index order][table:
+  32 bytes per index][64-byte footer]``.  The layout is canonical (the same records
+  give the same bytes whatever order or process wrote them), so two identical runs
+  preserve one object.  If one process wrote every record in index order, freeze
+  appends the table to its data file in place; otherwise the records are compacted
+  into a new file.
+* **Checksums**: every record carries one, computed at ``put``: zlib CRC-32 for records
+  up to 64 KiB (cheapest for small records; detects every error burst of up to 32 bits),
+  BLAKE3 truncated to 64 bits above that (faster than CRC-32 per byte).  The table and
+  footer carry CRC-32s; a preserved cache is additionally an object whose whole BLAKE3-256
+  digest is checked on ``open``.  See ``verify=`` for when checks run.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import mmap
+import operator
+import os
+import secrets
+import shutil
+import struct
+import sys
+import threading
+import time
+import weakref
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+import blake3
+import numpy as np
+
+from ._fs import process_token
+from ._lock import DEFAULT_TIMEOUT
+from .digest import Digest
+from .errors import (
+    CasstoreError,
+    CompressedObjectError,
+    FrozenError,
+    IntegrityError,
+    InvalidInputError,
+    InvalidTypeError,
+    LockTimeout,
+    ObjectNotFoundError,
+    ReadOnlyError,
+    StoreFormatError,
+)
+from .refs import validate_name
+from .store import Store, _hash_fd, open_store
+
+__all__ = ["IndexCache", "CacheIndexError", "FORMAT", "KIND", "ENTRY_KEY", "VERIFY_MODES"]
+
+log = logging.getLogger("casstore.cache")
+
+FORMAT = 1
+"""Version of the frozen-file layout and of the manifest metadata (readers refuse newer)."""
+KIND = "casstore.index-cache"
+"""``meta["kind"]`` of a manifest written by :meth:`IndexCache.preserve`."""
+ENTRY_KEY = "index-cache"
+"""The manifest key under which :meth:`IndexCache.preserve` records the cache object."""
+VERIFY_MODES = ("full", "record", "open")
+
+Buffer = Union[bytes, bytearray, memoryview]
+
+# -- on-disk layout (docs/format.md, "Index caches") -----------------------------
+
+_HDR = 64
+_FILE_MAGIC = b"CSICACHE"
+_FILE_HEADER = struct.Struct("<8sI52x")  # magic, format; also the first 64 bytes of every data.<k>
+_FOOT_MAGIC = b"CSICFOOT"
+# magic, format, slot size, length, table offset, data end, records, payload bytes, table crc, footer crc
+_FOOTER = struct.Struct("<8sIIQQQQQII")
+_INDEX_MAGIC = b"CSICLIVE"
+# magic, format, flags, length, payload bytes, records, next data file number
+_INDEX_HEADER = struct.Struct("<8sIIQQQI20x")
+_FLAGS_AT, _TOTAL_AT, _COUNT_AT, _NEXT_AT = 12, 24, 32, 40
+_FROZEN_FLAG = 1
+_SLOT = struct.Struct("<QQQQ")  # offset, length, checksum, meta = tag << 32 | file << 8 | flags
+_SLOT28 = struct.Struct("<QQQI")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_SLOT_SIZE = 32
+_PRESENT = 1
+_BLAKE3 = 2
+_MISSING_SUM = (1 << 64) - 1  # checksum field of an absent index in a frozen table
+_SMALL = 64 << 10  # records up to this size use CRC-32, larger ones BLAKE3-64
+_MT = 1 << 20  # BLAKE3 uses its thread pool from this size
+_COPY_BUF = 8 << 20
+_M32 = 0xFFFFFFFF
+_M64 = (1 << 64) - 1
+_K = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5, 0xFF51AFD7ED558CCD)
+_SLOT_DT = np.dtype([("off", "<u8"), ("n", "<u8"), ("sum", "<u8"), ("meta", "<u8")])
+_LITTLE = sys.byteorder == "little"
+
+# Test-only fault injection: called at named points (tests SIGKILL the process there).
+_fault_hook: Optional[Callable[[str], None]] = None
+
+
+def _fault(point: str) -> None:
+    if _fault_hook is not None:
+        _fault_hook(point)
+
+
+class CacheIndexError(InvalidInputError, IndexError):
+    """An index outside ``0 .. length-1`` (also an ``IndexError``, as Python sequences raise)."""
+
+
+def _tag(i: int, off: int, n: int, s: int, lo: int) -> int:
+    """32-bit check word of a slot: detects a slot torn by a crash or read mid-write."""
+    h = ((off * _K[0]) ^ (n * _K[1]) ^ (s * _K[2]) ^ (lo * _K[3]) ^ (i * _K[4])) & _M64
+    t = (h >> 32) ^ (h & _M32)
+    return t or 1
+
+
+def _tags_np(i: np.ndarray, off: np.ndarray, n: np.ndarray, s: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """Vectorised :func:`_tag` (uint64 arithmetic wraps mod 2**64 like the masked Python ints)."""
+    k = [np.uint64(x) for x in _K]
+    h = (off * k[0]) ^ (n * k[1]) ^ (s * k[2]) ^ (lo * k[3]) ^ (i * k[4])
+    t = (h >> np.uint64(32)) ^ (h & np.uint64(_M32))
+    t[t == 0] = 1
+    return t
+
+
+def _b3_64(buf: Any, n: int) -> int:
+    h = blake3.blake3(max_threads=blake3.blake3.AUTO) if n >= _MT else blake3.blake3()
+    h.update(buf)
+    return int.from_bytes(h.digest(length=8), "little")
+
+
+def _sum_of(buf: Any, n: int) -> Tuple[int, int]:
+    """(checksum, flags) of one record."""
+    if n <= _SMALL:
+        return zlib.crc32(buf), _PRESENT
+    return _b3_64(buf, n), _PRESENT | _BLAKE3
+
+
+def _sum_ok(buf: Any, s: int, lo: int) -> bool:
+    if lo & _BLAKE3:
+        return _b3_64(buf, len(buf)) == s
+    return zlib.crc32(buf) == s
+
+
+def _pwrite_all(fd: int, buf: Any, off: int) -> None:
+    mv = memoryview(buf)
+    n = len(mv)
+    done = os.pwrite(fd, mv, off)
+    while done < n:  # short writes: disk full, signals
+        w = os.pwrite(fd, mv[done:], off + done)
+        if w <= 0:  # pragma: no cover
+            raise OSError(errno.EIO, "short write")
+        done += w
+
+
+def _pread_all(fd: int, n: int, off: int) -> bytes:
+    b = os.pread(fd, n, off)
+    if len(b) == n or not b:
+        return b
+    parts = [b]
+    got = len(b)
+    while got < n:
+        more = os.pread(fd, n - got, off + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def _copy_range(src: int, dst: int, n: int, src_off: int, dst_off: int) -> None:
+    """Copy ``n`` bytes between files in the kernel where possible."""
+    done = 0
+    try:
+        while done < n:
+            k = os.copy_file_range(src, dst, n - done, src_off + done, dst_off + done)
+            if k == 0:
+                break
+            done += k
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+    while done < n:
+        b = os.pread(src, min(n - done, _COPY_BUF), src_off + done)
+        if not b:
+            raise IntegrityError(f"index cache data file ended early while freezing (fd {src}, offset {src_off})")
+        _pwrite_all(dst, b, dst_off + done)
+        done += len(b)
+
+
+def _remove_tree(path: str, owner: int) -> None:
+    """Finalizer of a live cache: only the creating process removes its directory."""
+    if os.getpid() == owner:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _as_store(store: Union[Store, str, os.PathLike[str]]) -> Store:
+    if isinstance(store, Store):
+        return store
+    if isinstance(store, (str, os.PathLike)):
+        return open_store(store)
+    raise InvalidTypeError(f"IndexCache needs a casstore.Store or a store path, not {type(store).__name__}")
+
+
+class _Proc:
+    """What one process owns of a live cache: its lock descriptor and its data file."""
+
+    __slots__ = ("pid", "tlock", "lock_fd", "wfd", "wno", "wend", "rfds")
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.tlock = threading.Lock()  # threads of this process share one flock (same descriptor)
+        self.lock_fd = -1
+        self.wfd = -1
+        self.wno = -1
+        self.wend = 0
+        self.rfds: Dict[int, int] = {}
+
+    def close(self) -> None:
+        for fd in [self.lock_fd, self.wfd, *self.rfds.values()]:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:  # pragma: no cover
+                    pass
+        self.lock_fd = self.wfd = self.wno = -1
+        self.rfds = {}
+
+
+class IndexCache:
+    """A cache of ``length`` byte records addressed by index ``0 .. length-1``.
+
+    Typical use, a cache in front of an expensive ``dataset[i]``::
+
+        cache = casstore.IndexCache(store, length=len(dataset))
+        for i in range(len(dataset)):            # or from many DataLoader workers
+            if i not in cache:
+                cache.put(i, encode(dataset[i]))
+        cache.freeze()                           # no more puts; lock-free mmap reads
+        cache.preserve("imagenet-train-v1")      # one object, pinned under a name
+        cache = casstore.IndexCache.open(store, "imagenet-train-v1")   # next run
+
+    * ``store``: a :class:`~casstore.Store` (or a path to open one).  The live cache
+      lives in the store's ``tmp/`` and dies with the process that created it.
+    * ``max_bytes``: once the payload bytes would exceed it, ``put`` stores nothing and
+      returns False (smaller records may still fit).  ``None``: no limit.
+    * ``verify``: ``"full"`` (default) checks every record's checksum on every ``get``
+      and, in :meth:`open`, the preserved object's whole BLAKE3-256 digest first;
+      ``"record"`` skips that whole-object hash (instant open of a huge cache; every get
+      is still checked); ``"open"`` checks everything once -- the whole digest in
+      :meth:`open`, every record's checksum in :meth:`freeze` -- and then serves frozen
+      reads with no per-record check (fastest; a byte that rots on disk later is not
+      caught).  Reads of a live (unfrozen) cache are always checked.
+    * ``lock_timeout``: seconds a ``put`` or ``freeze`` waits for the cache's lock
+      before :class:`~casstore.LockTimeout` (the lock is held for microseconds).
+
+    ``get(i)`` returns ``None`` for an index that has no record (it never raises
+    ``KeyError``).  The object can be pickled to spawned workers and survives fork.
+    """
+
+    __slots__ = (
+        "store", "length", "max_bytes", "verify_mode", "lock_timeout", "name", "digest",
+        "_dir", "_owner", "_imm", "_ifd", "_proc", "_fmm", "_fq", "_fcheck", "_ffd", "_fpath",
+        "_fcount", "_ftotal", "_finalizer", "_manifest_digest", "__weakref__",
+    )
+    _dir: Optional[Path]
+    _imm: Any
+    _finalizer: Optional[weakref.finalize[Any, Any]]
+
+    def __init__(self, store: Union[Store, str, os.PathLike[str]], length: int, *,
+                 max_bytes: Optional[int] = None, verify: str = "full",
+                 lock_timeout: Optional[float] = DEFAULT_TIMEOUT) -> None:
+        self._init_fields(_as_store(store), length, max_bytes, verify, lock_timeout)
+        root_tmp = self.store.root / "tmp"
+        d = root_tmp / f"{process_token()}.{secrets.token_hex(8)}.icache"
+        try:
+            os.mkdir(d, 0o700)
+        except PermissionError as e:
+            raise ReadOnlyError(
+                f"cannot create an index cache in {root_tmp}: {e.strerror}; open a writable store "
+                "(IndexCache.open(store, name) reads a preserved cache from a read-only store)"
+            ) from None
+        self._dir = d
+        self._owner = os.getpid()
+        self._finalizer = weakref.finalize(self, _remove_tree, str(d), self._owner)
+        try:
+            fd = os.open(d / "index", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            self._ifd = fd
+            os.ftruncate(fd, _HDR + _SLOT_SIZE * self.length)  # sparse: zero slots are empty
+            os.pwrite(fd, _INDEX_HEADER.pack(_INDEX_MAGIC, FORMAT, 0, self.length, 0, 0, 0), 0)
+            self._imm = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            os.close(os.open(d / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        except BaseException:
+            self.close()
+            raise
+
+    def _init_fields(self, store: Store, length: object, max_bytes: object, verify: object,
+                     lock_timeout: Optional[float]) -> None:
+        if isinstance(length, bool) or not isinstance(length, int):
+            raise InvalidTypeError(f"IndexCache length must be an int (len(dataset)), not {type(length).__name__}")
+        if not 0 <= length < (1 << 48):
+            raise InvalidInputError(f"IndexCache length must be between 0 and 2**48, not {length}")
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int)
+                                      or max_bytes < 0):
+            raise InvalidInputError(f"max_bytes must be None or a non-negative int, not {max_bytes!r}")
+        if verify not in VERIFY_MODES:
+            raise InvalidInputError(f"verify must be one of {', '.join(VERIFY_MODES)}, not {verify!r}")
+        self.store = store
+        """The :class:`~casstore.Store` the cache lives in."""
+        self.length: int = length
+        """Number of indices (``0 .. length-1``)."""
+        self.max_bytes: Optional[int] = max_bytes
+        """Payload limit in bytes, or ``None``."""
+        self.verify_mode: str = str(verify)
+        """``"full"``, ``"record"`` or ``"open"`` (see the class docstring)."""
+        self.lock_timeout = lock_timeout
+        self.name: Optional[str] = None
+        """The pin name after :meth:`preserve` or :meth:`open` by name."""
+        self.digest: Optional[Digest] = None
+        """Digest of the cache object after :meth:`preserve` or :meth:`open`."""
+        self._manifest_digest: Optional[Digest] = None
+        self._dir = None
+        self._owner = -1
+        self._imm = None
+        self._ifd = -1
+        self._proc = _Proc()
+        self._fmm: Any = None
+        self._fq: Any = None
+        self._fcheck = True
+        self._ffd = -1
+        self._fpath: Optional[Path] = None
+        self._fcount = 0
+        self._ftotal = 0
+        self._finalizer = None
+
+    # -- opening a preserved cache --------------------------------------------------
+
+    @classmethod
+    def open(cls, store: Union[Store, str, os.PathLike[str]], target: Union[str, Digest], *,
+             verify: str = "full") -> IndexCache:
+        """Map a cache kept by :meth:`preserve`: frozen, lock-free, nothing rebuilt.
+
+        ``target`` is the pin name given to ``preserve``, a manifest version digest, or the
+        cache object's digest (what ``preserve`` returned).  With ``verify="full"`` or
+        ``"open"`` the whole object is hashed once and compared with its digest
+        (:class:`~casstore.IntegrityError` on a mismatch); ``"record"`` checks only the
+        table here and each record when read.  A name that is not an index cache raises
+        :class:`~casstore.InvalidInputError`; a missing name
+        :class:`~casstore.ObjectNotFoundError`.
+        """
+        st = _as_store(store)
+        if verify not in VERIFY_MODES:
+            raise InvalidInputError(f"verify must be one of {', '.join(VERIFY_MODES)}, not {verify!r}")
+        what = repr(target) if isinstance(target, str) else str(target)
+        length: Optional[int] = None
+        manifest_digest: Optional[Digest] = None
+        name: Optional[str] = None
+        try:
+            man = st.manifest(target)
+        except StoreFormatError:
+            # Not a manifest: perhaps the cache object itself (preserve's return value).
+            if not (isinstance(target, Digest) or str(target).startswith("blake3:")):
+                raise
+            digest = st.resolve(str(target))
+        else:
+            kind = man.meta.get("kind")
+            if kind != KIND or ENTRY_KEY not in man:
+                raise InvalidInputError(
+                    f"{what} is not an index cache: its manifest has kind {kind!r} and keys "
+                    f"{sorted(man)[:5]!r}; IndexCache.open needs a name made by IndexCache.preserve"
+                )
+            fmt = man.meta.get("format")
+            if not isinstance(fmt, int) or fmt > FORMAT:
+                raise StoreFormatError(
+                    f"index cache {what} has format {fmt!r}, newer than this casstore ({FORMAT}); upgrade casstore"
+                )
+            digest = man[ENTRY_KEY].digest
+            lv = man.meta.get("length")
+            length = lv if isinstance(lv, int) else None
+            manifest_digest = man.digest
+            name = man.name
+        try:
+            path = st.path(digest)
+        except CompressedObjectError:
+            raise StoreFormatError(
+                f"index cache {what}: object {digest} is stored zstd-compressed and cannot be memory-mapped; "
+                "store it raw again (casstore get it and put it with compress=False)"
+            ) from None
+        self = cls.__new__(cls)
+        self._init_fields(st, 0, None, verify, DEFAULT_TIMEOUT)
+        self.name = name
+        self.digest = digest
+        self._manifest_digest = manifest_digest
+        self._map_frozen(path, whole=digest if verify in ("full", "open") else None,
+                         check=verify != "open", what=f"index cache {what}", require_magic=True)
+        if length is not None and length != self.length:
+            self.close()
+            raise IntegrityError(f"index cache {what}: its manifest says length {length}, its file {path} "
+                                 f"holds {self.length} slots; the object is damaged")
+        return self
+
+    # -- the hot paths ------------------------------------------------------------
+
+    def get(self, i: int) -> Optional[bytes]:
+        """The record stored at index ``i`` as ``bytes``, or ``None`` if there is none.
+
+        Raises :class:`CacheIndexError` for an index outside ``0 .. length-1`` and
+        :class:`~casstore.IntegrityError` (naming the index) if the record's checksum does
+        not match -- damaged bytes are never returned.  Frozen caches take no lock.
+        """
+        q = self._fq
+        if q is None:
+            return self._get_live(i)
+        try:
+            if i < 0:
+                raise IndexError
+            j = 4 * i
+            meta = q[j + 3]
+        except (IndexError, TypeError):
+            raise self._index_error(i) from None
+        if meta & _PRESENT:
+            off = q[j]
+            b: bytes = self._fmm[off:off + q[j + 1]]
+            if self._fcheck:
+                if meta & _BLAKE3:
+                    if _b3_64(b, len(b)) != q[j + 2]:
+                        raise self._corrupt(i)
+                elif zlib.crc32(b) != q[j + 2]:
+                    raise self._corrupt(i)
+            return b
+        if q[j] or q[j + 1] or q[j + 2] != _MISSING_SUM or meta:
+            raise self._corrupt(i)
+        return None
+
+    def put(self, i: int, data: Buffer) -> bool:
+        """Store ``data`` (bytes-like) at index ``i``; return True if this call stored it.
+
+        Returns False, storing nothing, if index ``i`` already has a record (the first
+        writer wins; records are never replaced) or if ``max_bytes`` would be exceeded.
+        Safe from any number of threads and processes at once.  Raises
+        :class:`~casstore.FrozenError` once the cache is frozen, :class:`CacheIndexError`
+        for a bad index and :class:`~casstore.InvalidTypeError` for data that is not
+        bytes, bytearray or memoryview.
+        """
+        if type(data) is not bytes:
+            data = self._as_buffer(i, data)
+        if type(i) is not int or i < 0 or i >= self.length:
+            i = self._check_index(i)
+        mm = self._imm
+        if mm is None or mm[_FLAGS_AT] & _FROZEN_FLAG:
+            raise self._frozen_error(i)
+        base = _HDR + _SLOT_SIZE * i
+        if _U32.unpack_from(mm, base + 28)[0] and self._slot_valid(mm, i, base):
+            return False
+        n = len(data)
+        mb = self.max_bytes
+        if mb is not None and _U64.unpack_from(mm, _TOTAL_AT)[0] + n > mb:
+            return False
+        if n <= _SMALL:
+            s = zlib.crc32(data)
+            fl = _PRESENT
+        else:
+            s = _b3_64(data, n)
+            fl = _PRESENT | _BLAKE3
+        p = self._proc
+        if p.pid != os.getpid():
+            p = self._after_fork()
+        with p.tlock:
+            if p.wfd < 0:
+                self._open_writer(p)
+            off = p.wend
+            _pwrite_all(p.wfd, data, off)
+            p.wend = off + n
+            _fault("put:after-data")
+            self._lock(p)
+            try:
+                if mm[_FLAGS_AT] & _FROZEN_FLAG:
+                    raise self._frozen_error(i)
+                if self._slot_valid(mm, i, base):
+                    return False
+                total = _U64.unpack_from(mm, _TOTAL_AT)[0]
+                if mb is not None and total + n > mb:
+                    return False
+                lo = fl | (p.wno << 8)
+                _SLOT28.pack_into(mm, base, off, n, s, lo)
+                _fault("put:torn-slot")
+                _U32.pack_into(mm, base + 28, _tag(i, off, n, s, lo))  # the slot is valid from here
+                _U64.pack_into(mm, _TOTAL_AT, total + n)
+                _U64.pack_into(mm, _COUNT_AT, _U64.unpack_from(mm, _COUNT_AT)[0] + 1)
+            finally:
+                fcntl.flock(p.lock_fd, fcntl.LOCK_UN)
+        return True
+
+    def __contains__(self, i: object) -> bool:
+        """``i in cache``: index ``i`` has a record (False for anything that is not a valid index)."""
+        try:
+            k = self._check_index(i)
+        except (InvalidInputError, InvalidTypeError):
+            return False
+        q = self._fq
+        if q is not None:
+            return bool(q[4 * k + 3] & _PRESENT)
+        mm = self._imm
+        if mm is None:
+            raise self._closed_error()
+        if mm[_FLAGS_AT] & _FROZEN_FLAG and self._adopt_frozen():
+            return k in self
+        return self._slot_valid(mm, k, _HDR + _SLOT_SIZE * k)
+
+    def __len__(self) -> int:
+        """The cache's ``length`` (number of indices, not of records; see :attr:`count`)."""
+        return self.length
+
+    # -- live (unfrozen) internals -------------------------------------------------
+
+    def _get_live(self, i: object) -> Optional[bytes]:
+        k = self._check_index(i)
+        mm = self._imm
+        if mm is None:
+            raise self._closed_error()
+        if mm[_FLAGS_AT] & _FROZEN_FLAG and self._adopt_frozen():
+            return self.get(k)
+        base = _HDR + _SLOT_SIZE * k
+        off, n, s, meta = _SLOT.unpack_from(mm, base)
+        lo = meta & _M32
+        if not lo & _PRESENT or meta >> 32 != _tag(k, off, n, s, lo):
+            return None  # empty, or being written right now (the tag is written last)
+        fno = (lo >> 8) & 0xFFFFFF
+        try:
+            fd = self._read_fd(fno)
+        except FileNotFoundError:
+            if self._adopt_frozen():  # frozen in place meanwhile: data.<k> became the frozen file
+                return self.get(k)
+            raise
+        b = _pread_all(fd, n, off)
+        if len(b) != n or not _sum_ok(b, s, lo):
+            assert self._dir is not None
+            raise IntegrityError(
+                f"index cache record {k} is corrupt: its checksum does not match (data file "
+                f"{self._dir / f'data.{fno}'}, offset {off}, {n} bytes); the cache directory was damaged -- "
+                "create a new cache"
+            )
+        return b
+
+    def _slot_valid(self, mm: Any, i: int, base: int) -> bool:
+        off, n, s, meta = _SLOT.unpack_from(mm, base)
+        lo = meta & _M32
+        return bool(lo & _PRESENT) and meta >> 32 == _tag(i, off, n, s, lo)
+
+    def _after_fork(self) -> _Proc:
+        """A forked child gets its own lock descriptor (flock is per open file) and data file."""
+        old = self._proc
+        old.close()  # the child's copies only; the parent's stay open
+        self._proc = _Proc()
+        return self._proc
+
+    def _lock_path(self) -> Path:
+        assert self._dir is not None
+        return self._dir / "lock"
+
+    def _lock(self, p: _Proc) -> None:
+        if p.lock_fd < 0:
+            p.lock_fd = os.open(self._lock_path(), os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.flock(p.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        # Contended: the holder keeps it for a few microseconds, so yield first, then
+        # back off; give up after lock_timeout (a live holder stopped by a debugger).
+        start = time.monotonic()
+        spins = 0
+        delay = 0.0001
+        while True:
+            if spins < 100:
+                spins += 1
+                os.sched_yield()
+            else:
+                time.sleep(delay)
+                delay = min(delay * 2, 0.002)
+            try:
+                fcntl.flock(p.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+            if self.lock_timeout is not None and time.monotonic() - start > self.lock_timeout:
+                raise LockTimeout(
+                    f"timed out after {self.lock_timeout:g}s waiting for the lock of index cache "
+                    f"{self._dir} (lock file {self._lock_path()}); another process holds it -- find it with "
+                    f"`fuser {self._lock_path()}`"
+                )
+
+    def _open_writer(self, p: _Proc) -> None:
+        """Give this process its own append-only data file ``data.<k>``."""
+        assert self._dir is not None
+        mm = self._imm
+        self._lock(p)
+        try:
+            k = _U32.unpack_from(mm, _NEXT_AT)[0]
+            if k >= 1 << 24:
+                raise InvalidInputError(f"index cache {self._dir}: more than 2**24 writer processes")
+            _U32.pack_into(mm, _NEXT_AT, k + 1)
+        finally:
+            fcntl.flock(p.lock_fd, fcntl.LOCK_UN)
+        fd = os.open(self._dir / f"data.{k}", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        os.pwrite(fd, _FILE_HEADER.pack(_FILE_MAGIC, FORMAT), 0)
+        p.wfd, p.wno, p.wend = fd, k, _HDR
+
+    def _read_fd(self, fno: int) -> int:
+        p = self._proc
+        if p.pid != os.getpid():
+            p = self._after_fork()
+        fd = p.rfds.get(fno)
+        if fd is None:
+            assert self._dir is not None
+            fd = os.open(self._dir / f"data.{fno}", os.O_RDONLY | os.O_CLOEXEC)
+            p.rfds[fno] = fd
+        return fd
+
+    # -- freeze -------------------------------------------------------------------
+
+    @property
+    def frozen(self) -> bool:
+        """True once no more puts are accepted (after :meth:`freeze` in any process)."""
+        if self._fq is not None:
+            return True
+        mm = self._imm
+        return mm is None or bool(mm[_FLAGS_AT] & _FROZEN_FLAG)
+
+    def freeze(self) -> None:
+        """Accept no more puts; from now on every process reads lock-free from a memory map.
+
+        Idempotent, and callable from any process that shares the cache: the first call
+        writes the frozen file (canonical layout: the same records always give the same
+        bytes), later ones map it.  A put racing with freeze either lands in the frozen
+        file or raises :class:`~casstore.FrozenError`.  The frozen cache still dies with
+        the run unless :meth:`preserve` keeps it.
+        """
+        if self._fq is not None:
+            return
+        mm = self._imm
+        if mm is None:
+            raise self._closed_error()
+        assert self._dir is not None
+        p = self._proc
+        if p.pid != os.getpid():
+            p = self._after_fork()
+        with p.tlock:
+            self._lock(p)
+            try:
+                flags = _U32.unpack_from(mm, _FLAGS_AT)[0]
+                _U32.pack_into(mm, _FLAGS_AT, flags | _FROZEN_FLAG)
+                if not (self._dir / "frozen").exists():
+                    self._build_frozen(p)
+            finally:
+                fcntl.flock(p.lock_fd, fcntl.LOCK_UN)
+        if not self._adopt_frozen():  # pragma: no cover - removed behind our back
+            raise StoreFormatError(f"index cache {self._dir}: the frozen file vanished while freezing")
+
+    def _build_frozen(self, p: _Proc) -> None:
+        """Write ``<dir>/frozen`` (caller holds the lock and has set the frozen flag)."""
+        assert self._dir is not None
+        d = self._dir
+        L = self.length
+        raw = np.frombuffer(self._imm, dtype=_SLOT_DT, count=L, offset=_HDR).copy()
+        off, n, s, meta = raw["off"], raw["n"], raw["sum"], raw["meta"]
+        del raw
+        lo = meta & np.uint64(_M32)
+        idx = np.arange(L, dtype=np.uint64)
+        valid = ((lo & np.uint64(_PRESENT)) != 0) & ((meta >> np.uint64(32)) == _tags_np(idx, off, n, s, lo))
+        pres = np.flatnonzero(valid)
+        pn = n[pres]
+        total = int(pn.sum()) if len(pres) else 0
+        new_off = np.empty(len(pres), dtype=np.uint64)
+        if len(pres):
+            new_off[0] = _HDR
+            np.cumsum(pn[:-1], out=new_off[1:])
+            new_off[1:] += np.uint64(_HDR)
+        fno = (lo[pres] >> np.uint64(8)) & np.uint64(0xFFFFFF)
+        data_end = _HDR + total
+        table = np.zeros(L, dtype=_SLOT_DT)
+        table["sum"] = np.uint64(_MISSING_SUM)
+        flags = lo[pres] & np.uint64(0xFF)
+        table["off"][pres] = new_off
+        table["n"][pres] = pn
+        table["sum"][pres] = s[pres]
+        table["meta"][pres] = flags | (_tags_np(pres.astype(np.uint64), new_off, pn, s[pres], flags) << np.uint64(32))
+        tbytes = table.tobytes()
+        table_off = (data_end + 7) & ~7
+        footer = self._footer(L, table_off, data_end, len(pres), total, zlib.crc32(tbytes))
+        tail = b"\0" * (table_off - data_end) + tbytes + footer
+        in_place = (p.wfd >= 0 and p.wend == data_end
+                    and bool(np.all(fno == np.uint64(p.wno))) and bool(np.array_equal(off[pres], new_off)))
+        for stale in d.glob("frozen.*.tmp"):  # a freezer that died (we hold the lock)
+            stale.unlink(missing_ok=True)
+        if in_place:
+            # This process wrote every record, in index order, with nothing in between:
+            # its data file already is the frozen data region.  Append the table; no copy.
+            os.ftruncate(p.wfd, data_end)
+            _pwrite_all(p.wfd, tail, data_end)
+            src = d / f"data.{p.wno}"
+            if self.verify_mode == "open":
+                self._check_all_records(p.wfd, table, pres, src)
+            _fault("freeze:built")
+            os.rename(src, d / "frozen")
+            os.close(p.wfd)
+            p.wfd = p.wno = -1
+            return
+        tmp = d / f"frozen.{os.getpid()}.tmp"
+        out = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        srcs: Dict[int, int] = {}
+        try:
+            _pwrite_all(out, _FILE_HEADER.pack(_FILE_MAGIC, FORMAT), 0)
+            self._copy_records(out, srcs, fno.tolist(), off[pres].tolist(), pn.tolist())
+            _pwrite_all(out, tail, data_end)
+            if self.verify_mode == "open":
+                self._check_all_records(out, table, pres, tmp)
+            _fault("freeze:built")
+            os.rename(tmp, d / "frozen")
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(out)
+            for fd in srcs.values():
+                os.close(fd)
+
+    def _copy_records(self, out: int, srcs: Dict[int, int], fnos: List[int], offs: List[int],
+                      lens: List[int]) -> None:
+        """Copy records (index order) into ``out`` from offset 64, coalescing contiguous runs."""
+        assert self._dir is not None
+        buf = bytearray()
+        pos = _HDR  # where buf starts in out
+        maps: Dict[int, Any] = {}
+
+        def src(k: int) -> int:
+            fd = srcs.get(k)
+            if fd is None:
+                assert self._dir is not None
+                fd = srcs[k] = os.open(self._dir / f"data.{k}", os.O_RDONLY | os.O_CLOEXEC)
+            return fd
+
+        def view(k: int) -> Any:
+            mv = maps.get(k)
+            if mv is None:
+                fd = src(k)
+                size = os.fstat(fd).st_size
+                mv = maps[k] = memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ)) if size else memoryview(b"")
+            return mv
+
+        def flush() -> None:
+            nonlocal pos
+            if buf:
+                _pwrite_all(out, buf, pos)
+                pos += len(buf)
+                buf.clear()
+
+        def run(k: int, o: int, m: int) -> None:
+            nonlocal pos
+            if m >= _COPY_BUF // 8:
+                flush()
+                _copy_range(src(k), out, m, o, pos)
+                pos += m
+                return
+            v = view(k)
+            if o + m > len(v):
+                raise IntegrityError(f"index cache {self._dir}: data.{k} is shorter than its records; "
+                                     "the cache directory was damaged -- create a new cache")
+            buf.extend(v[o:o + m])
+            if len(buf) >= _COPY_BUF:
+                flush()
+
+        try:
+            rk, ro, rn = -1, 0, 0
+            for k, o, m in zip(fnos, offs, lens, strict=True):
+                if k == rk and o == ro + rn:
+                    rn += m
+                    continue
+                if rn:
+                    run(rk, ro, rn)
+                rk, ro, rn = k, o, m
+            if rn:
+                run(rk, ro, rn)
+            flush()
+        finally:
+            for mv in maps.values():
+                obj = mv.obj
+                mv.release()
+                if isinstance(obj, mmap.mmap):
+                    obj.close()
+
+    def _check_all_records(self, fd: int, table: np.ndarray, pres: np.ndarray, path: Path) -> None:
+        """verify="open": check every record of a new frozen file once, before it is published."""
+        size = os.fstat(fd).st_size
+        if not size:
+            return
+        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mm:
+            bad = [int(i) for i, o, m, sm, me in zip(pres.tolist(), table["off"][pres].tolist(),
+                                                     table["n"][pres].tolist(), table["sum"][pres].tolist(),
+                                                     table["meta"][pres].tolist(), strict=True)
+                   if not _sum_ok(mm[o:o + m], sm, me & _M32)]
+        if bad:
+            raise IntegrityError(f"index cache {self._dir}: records {bad[:10]} are corrupt (checksum mismatch) "
+                                 f"in {path}; not freezing -- create a new cache")
+
+    @staticmethod
+    def _footer(length: int, table_off: int, data_end: int, count: int, total: int, table_crc: int) -> bytes:
+        body = _FOOTER.pack(_FOOT_MAGIC, FORMAT, _SLOT_SIZE, length, table_off, data_end, count, total,
+                            table_crc, 0)[:-4]
+        return body + _U32.pack(zlib.crc32(body))
+
+    def _adopt_frozen(self) -> bool:
+        """Map ``<dir>/frozen`` if it exists (the cache was frozen, perhaps by another process)."""
+        if self._fq is not None:
+            return True
+        assert self._dir is not None
+        path = self._dir / "frozen"
+        try:
+            # Whoever froze it checked it (verify="open"); this process checks every read otherwise.
+            self._map_frozen(path, whole=None, check=self.verify_mode != "open", what=f"index cache {self._dir}")
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _map_frozen(self, path: Path, *, whole: Optional[Digest], check: bool, what: str,
+                    require_magic: bool = False) -> None:
+        """Map a frozen file and validate its header, footer and table (and whole digest)."""
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        mm: Any = None
+        try:
+            size = os.fstat(fd).st_size
+            if size < _HDR + _FOOTER.size:
+                raise (InvalidInputError if require_magic else IntegrityError)(
+                    f"{what}: {path} is too short ({size} bytes) to be an index cache")
+            mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+            magic, fmt = _FILE_HEADER.unpack_from(mm, 0)
+            if magic != _FILE_MAGIC:
+                raise (InvalidInputError if require_magic else IntegrityError)(
+                    f"{what}: {path} is not an index cache file (no {_FILE_MAGIC!r} header)")
+            if fmt > FORMAT:
+                raise StoreFormatError(f"{what}: file format {fmt} is newer than this casstore ({FORMAT}); "
+                                       "upgrade casstore")
+            if whole is not None:
+                got = _hash_fd(fd, size)
+                if got != whole:
+                    raise IntegrityError(
+                        f"{what} is corrupt: object {whole} hashes to {got} (file {path}); "
+                        "run `casstore verify` and rebuild the cache"
+                    )
+            fo = size - _FOOTER.size
+            (fmagic, ffmt, slot, length, table_off, data_end, count, total, tcrc,
+             fcrc) = _FOOTER.unpack_from(mm, fo)
+            if fmagic != _FOOT_MAGIC or fcrc != zlib.crc32(mm[fo:fo + _FOOTER.size - 4]):
+                raise IntegrityError(f"{what}: the footer of {path} is damaged or missing (truncated file?)")
+            if ffmt > FORMAT:
+                raise StoreFormatError(f"{what}: file format {ffmt} is newer than this casstore; upgrade casstore")
+            if (slot != _SLOT_SIZE or table_off % 8 or table_off + _SLOT_SIZE * length != fo
+                    or not _HDR + total == data_end <= table_off):
+                raise IntegrityError(f"{what}: the footer of {path} does not match the file's size; it is damaged")
+            if zlib.crc32(mm[table_off:fo]) != tcrc:
+                raise IntegrityError(f"{what}: the index table of {path} is damaged (CRC-32 mismatch); "
+                                     "rebuild the cache")
+            tv = memoryview(mm)[table_off:fo]
+            if _LITTLE:
+                q: Any = tv.cast("Q")
+            else:  # pragma: no cover - big-endian hosts decode the table once
+                q = np.frombuffer(tv, dtype="<u8").tolist()
+                tv.release()
+        except BaseException:
+            if mm is not None:
+                mm.close()
+            os.close(fd)
+            raise
+        self.length = int(length)
+        self._fmm, self._fq, self._ffd, self._fpath = mm, q, fd, path
+        self._fcheck = check
+        self._fcount, self._ftotal = int(count), int(total)
+
+    # -- preserve -----------------------------------------------------------------
+
+    def preserve(self, name: str) -> Digest:
+        """Freeze, then keep the cache as one object pinned under ``name``; return the object's digest.
+
+        The frozen file becomes the object without a second copy: it is hashed while it
+        is fsynced, then hard-linked into ``objects/``.  A manifest with one entry
+        (``"index-cache"``) and meta ``{"kind": "casstore.index-cache", "length": N,
+        "format": 1}`` is written, then pinned: the name appears only once everything
+        it needs is durable, so a crash leaves the name absent or complete.  Identical
+        runs store one object and preserving again under the same name is a no-op; a name
+        already pinned to something else raises :class:`~casstore.FrozenError`.
+        """
+        from .manifest import Entry, encode_manifest
+
+        name = validate_name(name)
+        self.freeze()
+        _fault("preserve:after-freeze")
+        assert self._fpath is not None
+        d = self.digest
+        if d is None:
+            d = self.store._adopt_file(self._fpath, link=True)
+        _fault("preserve:after-object")
+        size = os.fstat(self._ffd).st_size
+        meta = {"kind": KIND, "length": self.length, "format": FORMAT}
+        mdata = encode_manifest({ENTRY_KEY: Entry(d, size)}, meta, None)
+        md = self.store.put(mdata, compress=False)
+        _fault("preserve:after-manifest")
+        self.store.pin(name, md)
+        self.digest, self.name, self._manifest_digest = d, name, md
+        return d
+
+    # -- information --------------------------------------------------------------
+
+    @property
+    def count(self) -> int:
+        """Number of indices that have a record."""
+        if self._fq is not None:
+            return self._fcount
+        mm = self._imm
+        if mm is None:
+            raise self._closed_error()
+        return int(_U64.unpack_from(mm, _COUNT_AT)[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Payload bytes stored (the sum of the records' lengths)."""
+        if self._fq is not None:
+            return self._ftotal
+        mm = self._imm
+        if mm is None:
+            raise self._closed_error()
+        return int(_U64.unpack_from(mm, _TOTAL_AT)[0])
+
+    @property
+    def path(self) -> Optional[Path]:
+        """The frozen file (read-only; mode 0444 once preserved), or None before freeze."""
+        return self._fpath
+
+    def info(self) -> Dict[str, Any]:
+        """A JSON-able summary: name, digest, length, records, bytes, frozen, verify mode, file."""
+        return {
+            "name": self.name,
+            "digest": str(self.digest) if self.digest else None,
+            "manifest": str(self._manifest_digest) if self._manifest_digest else None,
+            "length": self.length,
+            "records": self.count,
+            "bytes": self.nbytes,
+            "frozen": self.frozen,
+            "verify": self.verify_mode,
+            "file": str(self._fpath) if self._fpath else None,
+            "file_bytes": os.fstat(self._ffd).st_size if self._ffd >= 0 else None,
+            "format": FORMAT,
+        }
+
+    def verify(self) -> int:
+        """Check every record's checksum (and a preserved object's whole digest); return the record count.
+
+        Raises :class:`~casstore.IntegrityError` naming the first damaged indices.
+        """
+        if self._fq is None:
+            bad = []
+            for i in range(self.length):
+                try:
+                    self._get_live(i)
+                except IntegrityError:
+                    bad.append(i)
+            if bad:
+                raise IntegrityError(f"index cache {self._dir}: records {bad[:10]} are corrupt; create a new cache")
+            return self.count
+        if self.digest is not None:
+            got = _hash_fd(self._ffd, os.fstat(self._ffd).st_size)
+            if got != self.digest:
+                raise IntegrityError(f"index cache object {self.digest} is corrupt: it hashes to {got} "
+                                     f"(file {self._fpath})")
+        q = self._fq
+        mm = self._fmm
+        bad = []
+        for i in range(self.length):
+            j = 4 * i
+            meta = q[j + 3]
+            if meta & _PRESENT:
+                if not _sum_ok(mm[q[j]:q[j] + q[j + 1]], q[j + 2], meta & _M32):
+                    bad.append(i)
+            elif q[j] or q[j + 1] or q[j + 2] != _MISSING_SUM or meta:
+                bad.append(i)
+        if bad:
+            raise IntegrityError(f"index cache {self.name or self._fpath}: records {bad[:10]} are corrupt "
+                                 f"(checksum mismatch) in {self._fpath}")
+        return self._fcount
+
+    # -- errors -------------------------------------------------------------------
+
+    def _label(self) -> str:
+        if self.name:
+            return f"index cache {self.name!r}"
+        return f"index cache {self._dir or self._fpath}"
+
+    def _check_index(self, i: object) -> int:
+        try:
+            k = operator.index(i)  # type: ignore[arg-type]
+        except TypeError:
+            raise InvalidTypeError(
+                f"{self._label()}: an index must be an int, not {type(i).__name__} ({i!r:.40})"
+            ) from None
+        if not 0 <= k < self.length:
+            raise CacheIndexError(
+                f"{self._label()}: index {k} is out of range; valid indices are 0..{self.length - 1} "
+                f"(length {self.length})"
+            )
+        return k
+
+    def _index_error(self, i: object) -> CasstoreError:
+        try:
+            self._check_index(i)
+        except (InvalidTypeError, CacheIndexError) as e:
+            return e
+        return CacheIndexError(f"{self._label()}: bad index {i!r}")  # pragma: no cover
+
+    def _as_buffer(self, i: object, data: object) -> Buffer:
+        if isinstance(data, (bytes, bytearray)):
+            return data
+        if isinstance(data, memoryview):
+            return data if data.format == "B" and data.ndim == 1 and data.contiguous else memoryview(
+                data.tobytes())
+        raise InvalidTypeError(
+            f"{self._label()}: put({i!r}, ...) takes bytes, bytearray or memoryview, not {type(data).__name__}; "
+            "encode the sample first (pickle.dumps(x), s.encode(), or numpy's tobytes())"
+        )
+
+    def _corrupt(self, i: int) -> IntegrityError:
+        return IntegrityError(
+            f"{self._label()}: record {i} is corrupt (its checksum does not match; file {self._fpath}); "
+            "the damaged bytes were not returned -- rebuild the cache or run `casstore verify`"
+        )
+
+    def _frozen_error(self, i: int) -> CasstoreError:
+        if self._fq is None and self._imm is None:
+            return self._closed_error()
+        return FrozenError(
+            f"{self._label()} is frozen: put({i}, ...) is refused; create a new IndexCache to cache more "
+            "(a frozen cache is read-only for every process)"
+        )
+
+    def _closed_error(self) -> CasstoreError:
+        return InvalidInputError(f"{self._label()} is closed; open it again")
+
+    # -- lifetime ---------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release maps and descriptors.  In the process that created a live cache this also
+        removes its temp directory (a preserved object stays in the store)."""
+        q, self._fq = self._fq, None
+        if isinstance(q, memoryview):
+            q.release()
+        for attr in ("_fmm", "_imm"):
+            m = getattr(self, attr)
+            setattr(self, attr, None)
+            if m is not None:
+                m.close()
+        for attr in ("_ffd", "_ifd"):
+            fd = getattr(self, attr)
+            setattr(self, attr, -1)
+            if fd >= 0:
+                os.close(fd)
+        if self._proc.pid == os.getpid():
+            self._proc.close()
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def __enter__(self) -> IndexCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "frozen" if self._fq is not None else ("closed" if self._imm is None else "live")
+        label = f" {self.name!r}" if self.name else ""
+        return f"<IndexCache{label} length={self.length} {state}>"
+
+    # -- pickling (spawned workers) -------------------------------------------
+
+    def __getstate__(self) -> Dict[str, Any]:
+        if self._fq is None and self._imm is None:
+            raise self._closed_error()
+        return {
+            "root": str(self.store.root), "durable": self.store.durable, "length": self.length,
+            "max_bytes": self.max_bytes, "verify": self.verify_mode, "lock_timeout": self.lock_timeout,
+            "name": self.name, "digest": str(self.digest) if self.digest else None,
+            "manifest": str(self._manifest_digest) if self._manifest_digest else None,
+            "dir": str(self._dir) if self._dir else None,
+            "frozen": str(self._fpath) if self._fq is not None and self._fpath else None,
+            "check": self._fcheck,
+        }
+
+    def __setstate__(self, st: Dict[str, Any]) -> None:
+        store = open_store(st["root"], create=False, durable=st["durable"])
+        self._init_fields(store, st["length"], st["max_bytes"], st["verify"], st["lock_timeout"])
+        self.name = st["name"]
+        self.digest = Digest.parse(st["digest"]) if st["digest"] else None
+        self._manifest_digest = Digest.parse(st["manifest"]) if st["manifest"] else None
+        self._dir = Path(st["dir"]) if st["dir"] else None
+        if st["frozen"]:
+            # The sending process already checked this file as its mode asks; only records are checked here.
+            self._map_frozen(Path(st["frozen"]), whole=None, check=st["check"], what=self._label())
+            return
+        assert self._dir is not None
+        try:
+            fd = os.open(self._dir / "index", os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise ObjectNotFoundError(
+                f"index cache {self._dir} no longer exists: the process that created it closed it or exited; "
+                "keep the IndexCache open in the main process while workers use it"
+            ) from None
+        self._ifd = fd
+        self._imm = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        if self._imm[_FLAGS_AT] & _FROZEN_FLAG:
+            self._adopt_frozen()
