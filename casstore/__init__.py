@@ -24,9 +24,11 @@ from .errors import (
     LockTimeout,
     ObjectNotFoundError,
     ReadOnlyError,
+    RemoteConflictError,
     StoreFormatError,
 )
 from .manifest import Diff, Entry, Manifest, ManifestEditor
+from .remote import Remote
 from .store import ObjectInfo, Store, open_store
 
 open = open_store  # noqa: A001 - ``casstore.open(path)`` is the documented entry point
@@ -43,6 +45,7 @@ __all__ = [
     "Manifest",
     "ManifestEditor",
     "Diff",
+    "Remote",
     "errors",
     "CasstoreError",
     "ObjectNotFoundError",
@@ -56,6 +59,7 @@ __all__ = [
     "StoreFormatError",
     "ReadOnlyError",
     "BackendError",
+    "RemoteConflictError",
     "CompressedObjectError",
     "__version__",
 ]

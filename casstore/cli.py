@@ -293,6 +293,7 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 # Subcommand modules (see the end of _build_parser).  Keep one per line.
 _EXTENSIONS: tuple[str, ...] = (
+    "_cli_remote",
     "_cli_gc",
 )
 

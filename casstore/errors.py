@@ -21,6 +21,7 @@ __all__ = [
     "StoreFormatError",
     "ReadOnlyError",
     "BackendError",
+    "RemoteConflictError",
     "CompressedObjectError",
 ]
 
@@ -71,6 +72,15 @@ class ReadOnlyError(CasstoreError, PermissionError):
 
 class BackendError(CasstoreError, OSError):
     """The storage backend failed (I/O error, unreachable server, bad credentials)."""
+
+
+class RemoteConflictError(BackendError):
+    """A ref on a remote moved (or was created) by someone else since it was read.
+
+    Raised when a push loses a compare-and-swap race or the remote head has
+    diverged, and when a pin with the same name already names another version
+    (pins never move).  For a head: pull (which merges), then push again.
+    """
 
 
 class CompressedObjectError(CasstoreError, ValueError):

@@ -1,0 +1,161 @@
+"""``casstore remote add|ls|rm``, ``casstore push`` and ``casstore pull`` (see docs/remotes.md).
+
+Registered through ``casstore.cli._EXTENSIONS``.  Remote settings live in
+``<store>/remotes.toml``; credentials come the usual AWS ways and are never stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable
+
+__all__ = ["register"]
+
+
+def _store(args: argparse.Namespace, *, create: bool = True) -> Any:
+    from .cli import open_from_args
+
+    return open_from_args(args, create=create)
+
+
+def _remote(store: Any, args: argparse.Namespace) -> Any:
+    from .remote import get_remote
+
+    kwargs = {}
+    if getattr(args, "workers", None):
+        kwargs["workers"] = args.workers
+    return get_remote(store, args.remote, **kwargs)
+
+
+def cmd_remote_add(args: argparse.Namespace) -> int:
+    from .remote import add_remote
+
+    store = _store(args)
+    rem = add_remote(store, args.name, args.url, endpoint_url=args.endpoint_url, region=args.region,
+                     profile=args.profile, replace=args.replace)
+    if args.create_bucket:
+        rem.create_bucket()
+    print(f"remote {args.name!r}: {rem.url}" + (f" at {rem.endpoint_url}" if rem.endpoint_url else ""))
+    return 0
+
+
+def cmd_remote_rm(args: argparse.Namespace) -> int:
+    from .remote import remove_remote
+
+    remove_remote(_store(args, create=False), args.name)
+    return 0
+
+
+def cmd_remote_ls(args: argparse.Namespace) -> int:
+    from .remote import get_remote, load_remotes
+
+    store = _store(args, create=False)
+    if not args.name:
+        remotes = load_remotes(store)
+        if args.json:
+            print(json.dumps(remotes, indent=2))
+        for name, cfg in remotes.items():
+            if not args.json:
+                extra = f"  (endpoint {cfg['endpoint_url']})" if cfg.get("endpoint_url") else ""
+                print(f"{name}\t{cfg['url']}{extra}")
+        return 0
+    rem = get_remote(store, args.name)
+    refs = rem.list_refs()
+    doc: dict[str, Any] = {"remote": args.name, "url": rem.url,
+                           "pins": {k: str(v) for k, v in refs["pins"].items()},
+                           "heads": {k: str(v) for k, v in refs["heads"].items()}}
+    if args.objects:
+        n = size = 0
+        for _d, s in rem.iter_objects():
+            n += 1
+            size += s
+        doc["objects"] = n
+        doc["bytes"] = size
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    for kind in ("pins", "heads"):
+        for name, d in refs[kind].items():
+            print(f"{kind[:-1]:4}  {d}  {name}")
+    if args.objects:
+        from .cli import human_size
+
+        print(f"{doc['objects']} object(s), {human_size(doc['bytes'])}")
+    return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    store = _store(args, create=False)
+    rem = _remote(store, args)
+    report = store.push(rem, *args.names, force=args.force)
+    _print_report(report, args)
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    store = _store(args)
+    rem = _remote(store, args)
+    merge: Any = True
+    if args.no_merge:
+        merge = False
+    elif args.merge:
+        merge = args.merge
+    report = store.pull(rem, *args.names, merge=merge)
+    _print_report(report, args)
+    return 0
+
+
+def _print_report(report: Any, args: argparse.Namespace) -> None:
+    if args.json:
+        print(json.dumps({"refs": report.refs, "objects": report.objects, "bytes": report.bytes,
+                          "present": report.present, "seconds": round(report.seconds, 3)}))
+        return
+    for ref, what in report.refs.items():
+        print(f"{ref}: {what}")
+    print(f"{report.objects} object(s), {report.bytes / (1 << 20):.1f} MiB transferred; "
+          f"{report.present} already there; {report.seconds:.1f} s", file=sys.stderr)
+
+
+def register(add: Callable[[str, Callable[[argparse.Namespace], int], str], argparse.ArgumentParser]) -> None:
+    """Add the remote subcommands to the ``casstore`` parser."""
+    sp = add("remote", lambda a: _usage(sp), "configure remotes on S3-compatible object stores (add, ls, rm)")
+    rsub = sp.add_subparsers(dest="remote_command", metavar="ACTION")
+    rp = rsub.add_parser("add", help="record remote NAME at URL (s3://bucket/prefix) in the store's remotes.toml")
+    rp.add_argument("name")
+    rp.add_argument("url", help="s3://bucket/prefix")
+    rp.add_argument("--endpoint-url", help="server of a non-AWS store, e.g. http://host:8333 (SeaweedFS, MinIO)")
+    rp.add_argument("--region", help="bucket region (default: from the AWS config, else us-east-1)")
+    rp.add_argument("--profile", help="AWS profile for this remote's credentials")
+    rp.add_argument("--replace", action="store_true", help="replace an existing remote of that name")
+    rp.add_argument("--create-bucket", action="store_true", help="create the bucket if it does not exist")
+    rp.set_defaults(func=cmd_remote_add)
+    rp = rsub.add_parser("ls", help="list configured remotes, or the pins and heads on remote NAME")
+    rp.add_argument("name", nargs="?")
+    rp.add_argument("--objects", action="store_true", help="also count the remote's objects and bytes")
+    rp.add_argument("--json", action="store_true")
+    rp.set_defaults(func=cmd_remote_ls)
+    rp = rsub.add_parser("rm", help="forget remote NAME (the remote itself is untouched)")
+    rp.add_argument("name")
+    rp.set_defaults(func=cmd_remote_rm)
+
+    sp = add("push", cmd_push, "upload pins/heads (all if none named) and the objects the remote lacks")
+    sp.add_argument("remote", metavar="NAME", help="a remote from `casstore remote ls`")
+    sp.add_argument("names", nargs="*", metavar="PIN|HEAD")
+    sp.add_argument("--force", action="store_true", help="overwrite a diverged remote head (never a pin)")
+    sp.add_argument("--workers", type=int, default=None, help="parallel transfers (default 16)")
+    sp.add_argument("--json", action="store_true")
+    sp = add("pull", cmd_pull, "download pins/heads (all if none named), verifying every object")
+    sp.add_argument("remote", metavar="NAME", help="a remote from `casstore remote ls`")
+    sp.add_argument("names", nargs="*", metavar="PIN|HEAD")
+    g = sp.add_mutually_exclusive_group()
+    g.add_argument("--no-merge", action="store_true", help="refuse to merge a diverged head (conflict error)")
+    g.add_argument("--merge", choices=["ours", "theirs"], help="merge a diverged head; conflicting keys take this side")
+    sp.add_argument("--workers", type=int, default=None, help="parallel transfers (default 16)")
+    sp.add_argument("--json", action="store_true")
+
+
+def _usage(p: argparse.ArgumentParser) -> int:
+    p.print_help(sys.stderr)
+    return 2
