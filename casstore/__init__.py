@@ -10,6 +10,7 @@ b'hello'
 from __future__ import annotations
 
 from . import errors
+from .cache import IndexCache
 from .digest import Digest
 from .errors import (
     AmbiguousDigestError,
@@ -45,6 +46,7 @@ __all__ = [
     "Manifest",
     "ManifestEditor",
     "Diff",
+    "IndexCache",
     "Remote",
     "errors",
     "CasstoreError",

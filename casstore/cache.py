@@ -47,10 +47,10 @@ import time
 import weakref
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
+from zlib import crc32 as _crc32
 
 import blake3
-import numpy as np
 
 from ._fs import process_token
 from ._lock import DEFAULT_TIMEOUT
@@ -69,6 +69,9 @@ from .errors import (
 )
 from .refs import validate_name
 from .store import Store, _hash_fd, open_store
+
+if TYPE_CHECKING:
+    import numpy as np  # imported where needed: ``import casstore`` stays numpy-free
 
 __all__ = ["IndexCache", "CacheIndexError", "FORMAT", "KIND", "ENTRY_KEY", "VERIFY_MODES"]
 
@@ -97,7 +100,7 @@ _INDEX_MAGIC = b"CSICLIVE"
 _INDEX_HEADER = struct.Struct("<8sIIQQQI20x")
 _FLAGS_AT, _TOTAL_AT, _COUNT_AT, _NEXT_AT = 12, 24, 32, 40
 _FROZEN_FLAG = 1
-_SLOT = struct.Struct("<QQQQ")  # offset, length, checksum, meta = tag << 32 | file << 8 | flags
+_SLOT = struct.Struct("<QQQQ")  # offset, end offset, checksum, meta = tag << 32 | file << 8 | flags
 _SLOT28 = struct.Struct("<QQQI")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -111,7 +114,7 @@ _COPY_BUF = 8 << 20
 _M32 = 0xFFFFFFFF
 _M64 = (1 << 64) - 1
 _K = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5, 0xFF51AFD7ED558CCD)
-_SLOT_DT = np.dtype([("off", "<u8"), ("n", "<u8"), ("sum", "<u8"), ("meta", "<u8")])
+_SLOT_FIELDS = [("off", "<u8"), ("end", "<u8"), ("sum", "<u8"), ("meta", "<u8")]
 _LITTLE = sys.byteorder == "little"
 
 # Test-only fault injection: called at named points (tests SIGKILL the process there).
@@ -127,17 +130,19 @@ class CacheIndexError(InvalidInputError, IndexError):
     """An index outside ``0 .. length-1`` (also an ``IndexError``, as Python sequences raise)."""
 
 
-def _tag(i: int, off: int, n: int, s: int, lo: int) -> int:
+def _tag(i: int, off: int, end: int, s: int, lo: int) -> int:
     """32-bit check word of a slot: detects a slot torn by a crash or read mid-write."""
-    h = ((off * _K[0]) ^ (n * _K[1]) ^ (s * _K[2]) ^ (lo * _K[3]) ^ (i * _K[4])) & _M64
+    h = ((off * _K[0]) ^ (end * _K[1]) ^ (s * _K[2]) ^ (lo * _K[3]) ^ (i * _K[4])) & _M64
     t = (h >> 32) ^ (h & _M32)
     return t or 1
 
 
-def _tags_np(i: np.ndarray, off: np.ndarray, n: np.ndarray, s: np.ndarray, lo: np.ndarray) -> np.ndarray:
+def _tags_np(i: np.ndarray, off: np.ndarray, end: np.ndarray, s: np.ndarray, lo: np.ndarray) -> np.ndarray:
     """Vectorised :func:`_tag` (uint64 arithmetic wraps mod 2**64 like the masked Python ints)."""
+    import numpy as np
+
     k = [np.uint64(x) for x in _K]
-    h = (off * k[0]) ^ (n * k[1]) ^ (s * k[2]) ^ (lo * k[3]) ^ (i * k[4])
+    h = (off * k[0]) ^ (end * k[1]) ^ (s * k[2]) ^ (lo * k[3]) ^ (i * k[4])
     t = (h >> np.uint64(32)) ^ (h & np.uint64(_M32))
     t[t == 0] = 1
     return t
@@ -435,20 +440,19 @@ class IndexCache:
             if i < 0:
                 raise IndexError
             j = 4 * i
-            meta = q[j + 3]
+            e = q[j + 1]
         except (IndexError, TypeError):
             raise self._index_error(i) from None
-        if meta & _PRESENT:
-            off = q[j]
-            b: bytes = self._fmm[off:off + q[j + 1]]
+        if e:
+            b: bytes = self._fmm[q[j]:e]
             if self._fcheck:
-                if meta & _BLAKE3:
+                if q[j + 3] & _BLAKE3:
                     if _b3_64(b, len(b)) != q[j + 2]:
                         raise self._corrupt(i)
-                elif zlib.crc32(b) != q[j + 2]:
+                elif _crc32(b) != q[j + 2]:
                     raise self._corrupt(i)
             return b
-        if q[j] or q[j + 1] or q[j + 2] != _MISSING_SUM or meta:
+        if q[j] or q[j + 2] != _MISSING_SUM or q[j + 3]:
             raise self._corrupt(i)
         return None
 
@@ -502,9 +506,9 @@ class IndexCache:
                 if mb is not None and total + n > mb:
                     return False
                 lo = fl | (p.wno << 8)
-                _SLOT28.pack_into(mm, base, off, n, s, lo)
+                _SLOT28.pack_into(mm, base, off, off + n, s, lo)
                 _fault("put:torn-slot")
-                _U32.pack_into(mm, base + 28, _tag(i, off, n, s, lo))  # the slot is valid from here
+                _U32.pack_into(mm, base + 28, _tag(i, off, off + n, s, lo))  # the slot is valid from here
                 _U64.pack_into(mm, _TOTAL_AT, total + n)
                 _U64.pack_into(mm, _COUNT_AT, _U64.unpack_from(mm, _COUNT_AT)[0] + 1)
             finally:
@@ -519,7 +523,7 @@ class IndexCache:
             return False
         q = self._fq
         if q is not None:
-            return bool(q[4 * k + 3] & _PRESENT)
+            return bool(q[4 * k + 1])
         mm = self._imm
         if mm is None:
             raise self._closed_error()
@@ -541,9 +545,9 @@ class IndexCache:
         if mm[_FLAGS_AT] & _FROZEN_FLAG and self._adopt_frozen():
             return self.get(k)
         base = _HDR + _SLOT_SIZE * k
-        off, n, s, meta = _SLOT.unpack_from(mm, base)
+        off, end, s, meta = _SLOT.unpack_from(mm, base)
         lo = meta & _M32
-        if not lo & _PRESENT or meta >> 32 != _tag(k, off, n, s, lo):
+        if not lo & _PRESENT or meta >> 32 != _tag(k, off, end, s, lo) or end < off:
             return None  # empty, or being written right now (the tag is written last)
         fno = (lo >> 8) & 0xFFFFFF
         try:
@@ -552,6 +556,7 @@ class IndexCache:
             if self._adopt_frozen():  # frozen in place meanwhile: data.<k> became the frozen file
                 return self.get(k)
             raise
+        n = end - off
         b = _pread_all(fd, n, off)
         if len(b) != n or not _sum_ok(b, s, lo):
             assert self._dir is not None
@@ -563,9 +568,9 @@ class IndexCache:
         return b
 
     def _slot_valid(self, mm: Any, i: int, base: int) -> bool:
-        off, n, s, meta = _SLOT.unpack_from(mm, base)
+        off, end, s, meta = _SLOT.unpack_from(mm, base)
         lo = meta & _M32
-        return bool(lo & _PRESENT) and meta >> 32 == _tag(i, off, n, s, lo)
+        return bool(lo & _PRESENT) and meta >> 32 == _tag(i, off, end, s, lo)
 
     def _after_fork(self) -> _Proc:
         """A forked child gets its own lock descriptor (flock is per open file) and data file."""
@@ -679,17 +684,21 @@ class IndexCache:
 
     def _build_frozen(self, p: _Proc) -> None:
         """Write ``<dir>/frozen`` (caller holds the lock and has set the frozen flag)."""
+        import numpy as np
+
         assert self._dir is not None
         d = self._dir
         L = self.length
-        raw = np.frombuffer(self._imm, dtype=_SLOT_DT, count=L, offset=_HDR).copy()
-        off, n, s, meta = raw["off"], raw["n"], raw["sum"], raw["meta"]
+        slot_dt = np.dtype(_SLOT_FIELDS)
+        raw = np.frombuffer(self._imm, dtype=slot_dt, count=L, offset=_HDR).copy()
+        off, end, s, meta = raw["off"], raw["end"], raw["sum"], raw["meta"]
         del raw
         lo = meta & np.uint64(_M32)
         idx = np.arange(L, dtype=np.uint64)
-        valid = ((lo & np.uint64(_PRESENT)) != 0) & ((meta >> np.uint64(32)) == _tags_np(idx, off, n, s, lo))
+        valid = (((lo & np.uint64(_PRESENT)) != 0) & ((meta >> np.uint64(32)) == _tags_np(idx, off, end, s, lo))
+                 & (end >= off))
         pres = np.flatnonzero(valid)
-        pn = n[pres]
+        pn = end[pres] - off[pres]
         total = int(pn.sum()) if len(pres) else 0
         new_off = np.empty(len(pres), dtype=np.uint64)
         if len(pres):
@@ -698,13 +707,15 @@ class IndexCache:
             new_off[1:] += np.uint64(_HDR)
         fno = (lo[pres] >> np.uint64(8)) & np.uint64(0xFFFFFF)
         data_end = _HDR + total
-        table = np.zeros(L, dtype=_SLOT_DT)
+        table = np.zeros(L, dtype=slot_dt)
         table["sum"] = np.uint64(_MISSING_SUM)
         flags = lo[pres] & np.uint64(0xFF)
+        new_end = new_off + pn
         table["off"][pres] = new_off
-        table["n"][pres] = pn
+        table["end"][pres] = new_end
         table["sum"][pres] = s[pres]
-        table["meta"][pres] = flags | (_tags_np(pres.astype(np.uint64), new_off, pn, s[pres], flags) << np.uint64(32))
+        table["meta"][pres] = flags | (_tags_np(pres.astype(np.uint64), new_off, new_end, s[pres], flags)
+                                       << np.uint64(32))
         tbytes = table.tobytes()
         table_off = (data_end + 7) & ~7
         footer = self._footer(L, table_off, data_end, len(pres), total, zlib.crc32(tbytes))
@@ -815,10 +826,10 @@ class IndexCache:
         if not size:
             return
         with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mm:
-            bad = [int(i) for i, o, m, sm, me in zip(pres.tolist(), table["off"][pres].tolist(),
-                                                     table["n"][pres].tolist(), table["sum"][pres].tolist(),
+            bad = [int(i) for i, o, e, sm, me in zip(pres.tolist(), table["off"][pres].tolist(),
+                                                     table["end"][pres].tolist(), table["sum"][pres].tolist(),
                                                      table["meta"][pres].tolist(), strict=True)
-                   if not _sum_ok(mm[o:o + m], sm, me & _M32)]
+                   if not _sum_ok(mm[o:e], sm, me & _M32)]
         if bad:
             raise IntegrityError(f"index cache {self._dir}: records {bad[:10]} are corrupt (checksum mismatch) "
                                  f"in {path}; not freezing -- create a new cache")
@@ -884,6 +895,8 @@ class IndexCache:
             if _LITTLE:
                 q: Any = tv.cast("Q")
             else:  # pragma: no cover - big-endian hosts decode the table once
+                import numpy as np
+
                 q = np.frombuffer(tv, dtype="<u8").tolist()
                 tv.release()
         except BaseException:
@@ -924,7 +937,13 @@ class IndexCache:
         mdata = encode_manifest({ENTRY_KEY: Entry(d, size)}, meta, None)
         md = self.store.put(mdata, compress=False)
         _fault("preserve:after-manifest")
-        self.store.pin(name, md)
+        try:
+            self.store.pin(name, md)
+        except FrozenError as e:
+            raise FrozenError(
+                f"cannot preserve index cache {self._dir or self._fpath} as {name!r}: that name is already pinned "
+                f"to a different cache ({e}); choose a new name (e.g. {name + '-v2'!r}) or unpin the old one"
+            ) from None
         self.digest, self.name, self._manifest_digest = d, name, md
         return d
 
@@ -997,10 +1016,10 @@ class IndexCache:
         for i in range(self.length):
             j = 4 * i
             meta = q[j + 3]
-            if meta & _PRESENT:
-                if not _sum_ok(mm[q[j]:q[j] + q[j + 1]], q[j + 2], meta & _M32):
+            if q[j + 1]:
+                if not meta & _PRESENT or not _sum_ok(mm[q[j]:q[j + 1]], q[j + 2], meta & _M32):
                     bad.append(i)
-            elif q[j] or q[j + 1] or q[j + 2] != _MISSING_SUM or meta:
+            elif q[j] or q[j + 2] != _MISSING_SUM or meta:
                 bad.append(i)
         if bad:
             raise IntegrityError(f"index cache {self.name or self._fpath}: records {bad[:10]} are corrupt "

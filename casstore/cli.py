@@ -295,6 +295,7 @@ def cmd_log(args: argparse.Namespace) -> int:
 _EXTENSIONS: tuple[str, ...] = (
     "_cli_remote",
     "_cli_gc",
+    "_cli_cache",
 )
 
 

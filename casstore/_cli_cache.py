@@ -1,0 +1,87 @@
+"""``casstore cache info|verify NAME``: inspect index caches kept by ``IndexCache.preserve``.
+
+Registered in ``cli._EXTENSIONS``.  ``NAME`` is the pin name given to
+``preserve`` (or a manifest or cache-object digest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable
+
+__all__ = ["register"]
+
+Add = Callable[[str, Callable[[argparse.Namespace], int], str], argparse.ArgumentParser]
+
+
+def _open(args: argparse.Namespace, verify: str) -> Any:
+    from .cache import IndexCache
+    from .cli import open_from_args
+
+    return IndexCache.open(open_from_args(args, create=False), args.name, verify=verify)
+
+
+def _human(n: int) -> str:
+    x = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if x < 1024 or unit == "TiB":
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def cmd_cache_info(args: argparse.Namespace) -> int:
+    """Print an index cache's name, digest, length, records and sizes (no data is read)."""
+    cache = _open(args, "record")
+    try:
+        info = cache.info()
+    finally:
+        cache.close()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"index cache {info['name'] or args.name}")
+    print(f"  object    {info['digest']}")
+    if info["manifest"]:
+        print(f"  manifest  {info['manifest']}")
+    print(f"  records   {info['records']:,} of {info['length']:,} indices")
+    print(f"  payload   {_human(info['bytes'])}  (file {_human(info['file_bytes'])}, format {info['format']})")
+    print(f"  file      {info['file']}")
+    return 0
+
+
+def cmd_cache_verify(args: argparse.Namespace) -> int:
+    """Hash the whole object and check every record's checksum; exit 1 on damage."""
+    from .errors import IntegrityError
+
+    try:
+        cache = _open(args, "record")
+        try:
+            n = cache.verify()
+        finally:
+            cache.close()
+    except IntegrityError as e:
+        print(f"casstore: index cache {args.name!r} is damaged: {e}", file=sys.stderr)
+        return 1
+    print(f"index cache {args.name!r}: object digest and {n:,} record checksums OK")
+    return 0
+
+
+def register(add: Add) -> None:
+    """Add ``casstore cache info`` and ``casstore cache verify``."""
+    sp: argparse.ArgumentParser = add("cache", lambda a: _usage(sp), "inspect preserved index caches (info, verify)")
+    sub = sp.add_subparsers(dest="cache_command", metavar="ACTION")
+    p = sub.add_parser("info", help="length, records, bytes and object of a preserved index cache")
+    p.add_argument("name", help="the name given to IndexCache.preserve, or a digest")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_cache_info)
+    p = sub.add_parser("verify", help="check the whole object's digest and every record's checksum")
+    p.add_argument("name", help="the name given to IndexCache.preserve, or a digest")
+    p.set_defaults(func=cmd_cache_verify)
+
+
+def _usage(p: argparse.ArgumentParser) -> int:
+    p.print_help(sys.stderr)
+    return 2
