@@ -211,6 +211,8 @@ class Remote:
         self._count_lock = threading.Lock()
         self.requests: Counter[str] = Counter()
         """HTTP requests sent, by S3 operation name (``"PutObject"``, ``"ListObjectsV2"`` ...)."""
+        self.list_page_size = 1000
+        """Keys per listing page (S3's maximum; smaller only to exercise pagination in tests)."""
 
     # -- description and keys --
 
@@ -445,12 +447,11 @@ class Remote:
 
     # -- objects --
 
-    def _list(self, prefix: str, *, start_after: str = "", stop_after: str = "",
-              max_keys: int = 1000) -> Iterator[Tuple[str, int]]:
+    def _list(self, prefix: str, *, start_after: str = "", stop_after: str = "") -> Iterator[Tuple[str, int]]:
         """``(key, size)`` under ``prefix`` in key order (paginated; stops past ``stop_after``)."""
         token: Optional[str] = None
         while True:
-            kw: Dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": max_keys}
+            kw: Dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": self.list_page_size}
             if token:
                 kw["ContinuationToken"] = token
             elif start_after:
@@ -497,7 +498,7 @@ class Remote:
         first_fan = min(want)
         probe_start = f"{base}{first_fan}/{min(want[first_fan])[:-1]}"
         r = self._call("listing", base, self.client.list_objects_v2, Bucket=self.bucket, Prefix=base,
-                       MaxKeys=1000, StartAfter=probe_start)
+                       MaxKeys=self.list_page_size, StartAfter=probe_start)
         last = ""
         for c in r.get("Contents", ()):
             last = c["Key"]
@@ -507,7 +508,7 @@ class Remote:
         top_fan = max(want)
         if r.get("IsTruncated") and last < f"{base}{top_fan}/{max(want[top_fan])}":
             last_fan = last[len(base):len(base) + 2]
-            todo = sorted(f for f in want if f >= last_fan)
+            todo = sorted(f for f in want if f > last_fan or (f == last_fan and f"{base}{f}/{max(want[f])}" > last))
 
             def list_fan(fan: str) -> Set[Digest]:
                 lo, hi = min(want[fan]), max(want[fan])
