@@ -380,6 +380,7 @@ class IndexCache:
         length: Optional[int] = None
         manifest_digest: Optional[Digest] = None
         name: Optional[str] = None
+        man: Any = None
         try:
             man = st.manifest(target)
         except StoreFormatError:
@@ -417,7 +418,7 @@ class IndexCache:
         self.digest = digest
         self._manifest_digest = manifest_digest
         self._map_frozen(path, whole=digest if verify in ("full", "open") else None,
-                         check=verify != "open", what=f"index cache {what}", require_magic=True)
+                         check=verify != "open", what=f"index cache {what}", require_magic=man is None)
         if length is not None and length != self.length:
             self.close()
             raise IntegrityError(f"index cache {what}: its manifest says length {length}, its file {path} "
@@ -862,7 +863,7 @@ class IndexCache:
             size = os.fstat(fd).st_size
             if size < _HDR + _FOOTER.size:
                 raise (InvalidInputError if require_magic else IntegrityError)(
-                    f"{what}: {path} is too short ({size} bytes) to be an index cache")
+                    f"{what}: {path} is not an index cache file (too short: {size} bytes)")
             mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
             magic, fmt = _FILE_HEADER.unpack_from(mm, 0)
             if magic != _FILE_MAGIC:
