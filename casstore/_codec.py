@@ -17,10 +17,15 @@ import zstandard
 from ._layout import RAW, ZSTD
 from .errors import InvalidInputError
 
-__all__ = ["MIN_RATIO", "normalize_compress", "sample_pays", "file_sample_pays", "compressor", "decompressor"]
+__all__ = [
+    "MIN_RATIO", "normalize_compress", "sample_pays", "file_sample_pays", "compressor", "decompressor",
+    "DecodeError",
+]
 
 MIN_RATIO = 1.1
 FLUSH_FRAME = zstandard.FLUSH_FRAME
+DecodeError = zstandard.ZstdError
+"""Raised by the zstd decoder on damaged input (callers turn it into IntegrityError)."""
 SAMPLE_CHUNKS = 16
 SAMPLE_CHUNK = 64 * 1024
 DEFAULT_LEVEL = 3
