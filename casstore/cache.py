@@ -861,6 +861,13 @@ class IndexCache:
         mm: Any = None
         try:
             size = os.fstat(fd).st_size
+            if whole is not None:
+                got = _hash_fd(fd, size)
+                if got != whole:
+                    raise IntegrityError(
+                        f"{what} is corrupt: object {whole} hashes to {got} (file {path}); "
+                        "run `casstore verify` and rebuild the cache"
+                    )
             if size < _HDR + _FOOTER.size:
                 raise (InvalidInputError if require_magic else IntegrityError)(
                     f"{what}: {path} is not an index cache file (too short: {size} bytes)")
@@ -872,13 +879,6 @@ class IndexCache:
             if fmt > FORMAT:
                 raise StoreFormatError(f"{what}: file format {fmt} is newer than this casstore ({FORMAT}); "
                                        "upgrade casstore")
-            if whole is not None:
-                got = _hash_fd(fd, size)
-                if got != whole:
-                    raise IntegrityError(
-                        f"{what} is corrupt: object {whole} hashes to {got} (file {path}); "
-                        "run `casstore verify` and rebuild the cache"
-                    )
             fo = size - _FOOTER.size
             (fmagic, ffmt, slot, length, table_off, data_end, count, total, tcrc,
              fcrc) = _FOOTER.unpack_from(mm, fo)
@@ -889,6 +889,9 @@ class IndexCache:
             if (slot != _SLOT_SIZE or table_off % 8 or table_off + _SLOT_SIZE * length != fo
                     or not _HDR + total == data_end <= table_off):
                 raise IntegrityError(f"{what}: the footer of {path} does not match the file's size; it is damaged")
+            pad = mm[data_end:table_off]
+            if fmt < 1 or mm[:_HDR] != _FILE_HEADER.pack(_FILE_MAGIC, fmt) or pad.count(0) != len(pad):
+                raise IntegrityError(f"{what}: reserved bytes of {path} are not zero; the file is damaged")
             if zlib.crc32(mm[table_off:fo]) != tcrc:
                 raise IntegrityError(f"{what}: the index table of {path} is damaged (CRC-32 mismatch); "
                                      "rebuild the cache")

@@ -1,0 +1,144 @@
+"""IndexCache integrity: a flipped byte anywhere is detected and never returned as data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict, Optional
+
+import blake3
+import pytest
+
+import casstore
+from casstore.cache import IndexCache
+
+
+def payload(i: int, n: int) -> bytes:
+    return blake3.blake3(b"int%d" % i).digest(length=n)
+
+
+def flip(path: Path, pos: int, bit: int = 0) -> None:
+    """Flip one bit of the file at ``pos`` (object files are 0444: root writes them anyway, after chmod)."""
+    os.chmod(path, 0o644)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        b = os.pread(fd, 1, pos)
+        os.pwrite(fd, bytes([b[0] ^ (1 << bit)]), pos)
+    finally:
+        os.close(fd)
+
+
+def build(store: casstore.Store, recs: Dict[int, bytes], length: int, **kw: object) -> IndexCache:
+    c = IndexCache(store, length, **kw)  # type: ignore[arg-type]
+    for i, b in recs.items():
+        assert c.put(i, b)
+    return c
+
+
+def test_every_single_byte_flip_of_a_preserved_cache_is_caught(store: casstore.Store) -> None:
+    """Flip each byte of a small preserved cache in turn: open(full) always refuses it;
+    open(record) either refuses it or every get returns the original bytes or raises."""
+    recs = {0: payload(0, 40), 2: payload(2, 0), 3: payload(3, 17)}
+    c = build(store, recs, 5)
+    d = c.preserve("small")
+    c.close()
+    path = store.path(d)
+    size = path.stat().st_size
+    expect: Dict[int, Optional[bytes]] = {i: recs.get(i) for i in range(5)}
+    caught_at_open = caught_at_get = silent = 0
+    for pos in range(size):
+        flip(path, pos, bit=pos % 8)
+        try:
+            with pytest.raises(casstore.IntegrityError):
+                IndexCache.open(store, "small")  # verify="full": whole BLAKE3 digest
+            try:
+                o = IndexCache.open(store, "small", verify="record")
+            except (casstore.IntegrityError, casstore.StoreFormatError):
+                caught_at_open += 1
+                continue
+            wrong = False
+            for i, want in expect.items():
+                try:
+                    got = o.get(i)
+                except casstore.IntegrityError:
+                    caught_at_get += 1
+                    wrong = True
+                    continue
+                assert got == want, f"flip at byte {pos} returned damaged data for index {i}"
+            if not wrong:
+                silent += 1  # e.g. alignment padding: no record's bytes changed
+            o.close()
+        finally:
+            flip(path, pos, bit=pos % 8)  # restore
+    assert IndexCache.open(store, "small").get(0) == recs[0]
+    assert caught_at_open > 100 and caught_at_get >= 57  # header/table/footer, and every data byte
+    assert silent == 0  # header, padding, table and footer are all checked
+
+
+def test_flip_in_a_frozen_but_unpreserved_cache(store: casstore.Store) -> None:
+    recs = {i: payload(i, 100 + i) for i in range(10)}
+    recs[10] = payload(10, 100_000)  # BLAKE3-64 record
+    c = build(store, recs, 11)
+    c.freeze()
+    assert c.path is not None
+    data_off = 64 + sum(len(recs[i]) for i in range(4))
+    flip(c.path, data_off + 5)  # inside record 4
+    with pytest.raises(casstore.IntegrityError, match="record 4 is corrupt"):
+        c.get(4)
+    assert c.get(3) == recs[3] and c.get(5) == recs[5]
+    big_off = 64 + sum(len(recs[i]) for i in range(10))
+    flip(c.path, big_off + 77_777)
+    with pytest.raises(casstore.IntegrityError, match="record 10"):
+        c.get(10)
+    with pytest.raises(casstore.IntegrityError, match=r"records \[4, 10\]"):
+        c.verify()
+
+
+def test_flip_in_a_live_cache(store: casstore.Store) -> None:
+    c = build(store, {0: b"a" * 50, 1: b"b" * 70_000}, 3)
+    assert c._dir is not None
+    data = c._dir / "data.0"
+    flip(data, 64 + 10)
+    with pytest.raises(casstore.IntegrityError, match="record 0 is corrupt"):
+        c.get(0)
+    flip(data, 64 + 50 + 60_000)
+    with pytest.raises(casstore.IntegrityError, match="record 1 is corrupt"):
+        c.get(1)
+    with pytest.raises(casstore.IntegrityError):
+        c.verify()
+
+
+def test_verify_open_checks_every_record_at_freeze(store: casstore.Store) -> None:
+    c = build(store, {i: payload(i, 300) for i in range(8)}, 8, verify="open")
+    assert c._dir is not None
+    flip(c._dir / "data.0", 64 + 3 * 300 + 1)
+    with pytest.raises(casstore.IntegrityError, match=r"records \[3\] are corrupt"):
+        c.freeze()
+    assert not (c._dir / "frozen").exists()  # nothing unverified was published
+    # Without the damage, "open" mode serves reads without per-record checks.
+    flip(c._dir / "data.0", 64 + 3 * 300 + 1)
+    c.freeze()
+    assert c.get(3) == payload(3, 300)
+
+
+def test_damaged_table_footer_or_truncation_is_refused(store: casstore.Store) -> None:
+    c = build(store, {i: payload(i, 64) for i in range(6)}, 6)
+    d = c.preserve("t")
+    c.close()
+    path = store.path(d)
+    size = path.stat().st_size
+    table_at = size - 64 - 6 * 32
+    flip(path, table_at + 40)  # a table entry
+    with pytest.raises(casstore.IntegrityError, match="index table .* is damaged"):
+        IndexCache.open(store, "t", verify="record")
+    flip(path, table_at + 40)
+    flip(path, size - 10)  # the footer
+    with pytest.raises(casstore.IntegrityError, match="footer"):
+        IndexCache.open(store, "t", verify="record")
+    flip(path, size - 10)
+    assert IndexCache.open(store, "t").get(5) == payload(5, 64)
+    os.truncate(path, size - 100)
+    with pytest.raises(casstore.IntegrityError):
+        IndexCache.open(store, "t", verify="record")
+    with pytest.raises(casstore.IntegrityError, match="is corrupt: object"):
+        IndexCache.open(store, "t")
