@@ -312,6 +312,7 @@ class Live:
     expired: List[str] = field(default_factory=list)
     """Expired versions (reachable by parent links, outside every root), newest first per chain."""
     roots: Dict[str, Digest] = field(default_factory=dict)
+    graph: Optional[Graph] = None
 
     def describe(self, hexd: str) -> str:
         """Why ``hexd`` is live, in words."""
@@ -324,7 +325,7 @@ def compute_live(store: Store, keep_history: int) -> Live:
     if isinstance(keep_history, bool) or not isinstance(keep_history, int) or keep_history < 0:
         raise InvalidInputError(f"keep_history must be a non-negative int, not {keep_history!r}")
     g = Graph(store)
-    out = Live()
+    out = Live(graph=g)
     # Heads before pins: freeze writes the pin before removing the head, so a
     # name being frozen right now is seen at least once.
     heads = list_refs(store.root, "heads")
@@ -653,6 +654,36 @@ def plan_limit(store: Store, max_bytes: Union[int, str], *, keep_history: int = 
     return _plan(store, keep_history, grace, max_bytes=parse_size(max_bytes))
 
 
+def _surviving_history(live: Live, deleted: Set[str]) -> Dict[str, str]:
+    """Entries of expired versions that are still stored (hex -> why), so no object they name goes.
+
+    Versions that expired *after* the plan was made are not in it and so
+    survive this run; the objects only they reference may be in the plan
+    (they were unreferenced then).  Deleting those would leave a stored
+    history version naming a missing object, so they stay until a later run
+    removes the version first.
+    """
+    out: Dict[str, str] = {}
+    g = live.graph
+    if g is None:
+        return out
+    for h in live.expired:
+        if h in deleted:
+            continue
+        try:
+            doc = g.doc(h, "expired history", required=False)
+            if doc is None:
+                continue
+            for key, eh, _size in entry_items(doc, f"manifest version {h[:12]}"):
+                if eh not in live.live:
+                    out.setdefault(eh, f"still named by stored history version blake3:{h[:12]} (entry {key!r}), "
+                                       "which this run keeps (too fresh, or expired after the plan); a later "
+                                       "gc removes the version first")
+        except (IntegrityError, StoreFormatError):
+            continue  # a damaged expired version: verify reports it
+    return out
+
+
 def _execute(plan: GCPlan, *, timeout: Optional[float], progress: Optional[bool]) -> GCResult:
     store = plan.store
     t0 = time.monotonic()
@@ -669,6 +700,7 @@ def _execute(plan: GCPlan, *, timeout: Optional[float], progress: Optional[bool]
         cutoff = time.time() - plan.grace
         phase = "version"
         version_dirs: Set[str] = set()
+        protected: Dict[str, str] = {}
         for f in plan.files:
             bar.update()
             if f.kind != phase:
@@ -676,8 +708,12 @@ def _execute(plan: GCPlan, *, timeout: Optional[float], progress: Optional[bool]
                 if durable:  # expired versions are gone for good before any object they named
                     for dpath in sorted(version_dirs):
                         fsync_dir(dpath)
+                protected = _surviving_history(live, set(deleted))
             if f.hex in live.live:
                 skipped[Digest(f.hex)] = "now referenced: " + live.describe(f.hex)
+                continue
+            if f.hex in protected:
+                skipped[Digest(f.hex)] = protected[f.hex]
                 continue
             grave = tmp / f"{token}.{secrets.token_hex(8)}.gc"
             try:
