@@ -1,0 +1,92 @@
+"""The maintenance CLI: gc (dry run by default), verify, du, stats, init --shared; --json for scripts."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+import casstore
+from casstore.cli import main
+
+
+@pytest.fixture
+def cli_store(store: casstore.Store) -> casstore.Store:
+    for i in range(3):
+        with store.edit("exp") as m:
+            m["data"] = store.put(b"version %d " % i * 100)
+    with store.edit("paper") as m:
+        m["w"] = store.put(os.urandom(4000))
+    store.freeze("paper")
+    t = time.time() - 7200
+    for i in range(4):
+        d = store.put(b"junk %d" % i * 50)
+        os.utime(store.path(d), (t, t))
+    return store
+
+
+def run(store: casstore.Store, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    rc = main(["--store", str(store.root), *argv])
+    return rc, capsys.readouterr().out
+
+
+def n_objects(store: casstore.Store) -> int:
+    return sum(1 for _ in store.iter_objects())
+
+
+def test_gc_is_a_dry_run_unless_yes(cli_store: casstore.Store, capsys: pytest.CaptureFixture[str]) -> None:
+    before = n_objects(cli_store)
+    rc, out = run(cli_store, capsys, "gc")
+    assert rc == 0 and "4 objects" in out and "dry run" in out and "--yes" in out
+    assert n_objects(cli_store) == before
+    rc, out = run(cli_store, capsys, "gc", "--json", "--verbose")
+    doc = json.loads(out)
+    assert doc["dry_run"] and doc["objects"] == 4 and len(doc["delete"]) == 4 and doc["freed_bytes"] > 0
+    assert any("pin 'paper'" in why for why in doc["kept"].values())
+    rc, out = run(cli_store, capsys, "gc", "--yes", "--keep-history", "0", "--grace", "0")
+    assert rc == 0 and "deleted 8 objects" in out  # 4 junk + 2 expired versions of exp + their data
+    assert "2 expired manifest versions" in out
+    assert n_objects(cli_store) == before - 8
+    assert cli_store.verify().ok
+
+
+def test_gc_max_size_says_when_the_limit_cannot_be_met(cli_store: casstore.Store,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = run(cli_store, capsys, "gc", "--max-size", "1K", "--yes", "--json")
+    doc = json.loads(out)
+    assert rc == 1 and doc["met"] is False and "cannot be met" in doc["message"]
+    assert cli_store.manifest("paper") and cli_store.verify().ok
+    rc, out = run(cli_store, capsys, "gc", "--max-size", "1G")
+    assert rc == 0 and "met" in out
+
+
+def test_verify_du_stats(cli_store: casstore.Store, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = run(cli_store, capsys, "verify")
+    assert rc == 0 and "healthy" in out
+    rc, out = run(cli_store, capsys, "verify", "--fast", "--json")
+    assert rc == 0 and json.loads(out)["fast"] is True
+    rc, out = run(cli_store, capsys, "du", "--by", "pin")
+    assert rc == 0 and "paper" in out and "exp" not in out.split("total:")[0]
+    rc, out = run(cli_store, capsys, "du", "--json")
+    names = {r["name"]: r for r in json.loads(out)}
+    assert names["paper"]["kind"] == "pin" and names["exp"]["kind"] == "head"
+    assert names["paper"]["logical_bytes"] == 4000
+    rc, out = run(cli_store, capsys, "stats", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["objects"] == n_objects(cli_store) and doc["unreferenced_objects"] == 4
+    rc, out = run(cli_store, capsys, "stats")
+    assert "compression" in out and "dedupe savings" in out
+
+
+def test_init_shared(world_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = world_dir / "team"
+    rc = main(["init", str(root), "--shared"])
+    assert rc == 0
+    s = casstore.open(root, create=False)
+    assert s.config.shared
+    for d in (root, root / "objects" / "7f", root / "tmp", root / "locks"):
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o2775, d
