@@ -39,7 +39,7 @@ import threading
 import time
 import tomllib
 from collections import Counter
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import (
@@ -981,22 +981,17 @@ def _run_parallel(fn: Callable[[Any], Any], items: Sequence[Any], on_done: Calla
     and is raised.  Calls are bounded by the client's retries and timeouts.
     """
     futs: Dict[Future[Any], Any] = {executor.submit(fn, it): it for it in items}
-    pending = set(futs)
+    consumed: Set[Future[Any]] = set()
     try:
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-            for f in done:
-                exc = f.exception()
-                if exc is not None:
-                    pending |= {g for g in done if g is not f and not g.exception()}
-                    raise exc
-                on_done(futs[f], f.result())
+        for f in as_completed(futs):
+            consumed.add(f)
+            on_done(futs[f], f.result())  # raises the worker's exception
     except BaseException:
-        for f in pending:
+        for f in futs:
             f.cancel()
-        wait(pending)
-        for f in pending:
-            if not f.cancelled() and f.exception() is None:
+        wait(list(futs))
+        for f in futs:
+            if f not in consumed and not f.cancelled() and f.exception() is None:
                 _cleanup_result(f.result())
         raise
 

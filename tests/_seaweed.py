@@ -333,14 +333,29 @@ def _restore_env() -> None:
         shutil.rmtree(_env_dir, ignore_errors=True)
 
 
+_env_users = 0
+
+
 @pytest.fixture(scope="session")
-def seaweed() -> Any:
-    """The shared SeaweedFS server; boto3 sees the test credentials through the environment meanwhile."""
-    global _users
+def aws_credentials() -> Any:
+    """The test credentials in the environment (the usual AWS way), isolated from ~/.aws, for the session."""
+    global _env_users
     with _lock:
-        first = _users == 0
-    if first:
-        _apply_env()
+        if _env_users == 0:
+            _apply_env()
+        _env_users += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _env_users -= 1
+            if _env_users == 0:
+                _restore_env()
+
+
+@pytest.fixture(scope="session")
+def seaweed(aws_credentials: Any) -> Any:
+    """The shared SeaweedFS server (one per test session, whichever module asks first)."""
     srv = acquire_shared()
     try:
         srv.client().create_bucket(Bucket=BUCKET)
@@ -351,10 +366,6 @@ def seaweed() -> Any:
         yield srv
     finally:
         release_shared()
-        with _lock:
-            last = _users == 0
-        if last:
-            _restore_env()
 
 
 @pytest.fixture

@@ -14,20 +14,18 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
+import _seaweed
 import blake3
 import pytest
-from _seaweed import (  # noqa: F401 - fixtures
-    BUCKET,
-    check_remote_consistent,
-    free_port,
-    remote,
-    remote_listing,
-    remote_url,
-    seaweed,
-)
+from _seaweed import BUCKET, check_remote_consistent, free_port, remote_listing
 
 import casstore
 from casstore.remote import add_remote, get_remote, load_remotes, remove_remote
+
+# Fixtures shared by every remote test module (one SeaweedFS server per session).
+seaweed = _seaweed.seaweed
+remote = _seaweed.remote
+remote_url = _seaweed.remote_url
 
 MiB = 1 << 20
 

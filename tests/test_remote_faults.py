@@ -1,0 +1,195 @@
+"""Crashes and outages against a real SeaweedFS: pushes and pulls SIGKILLed midway are simply
+run again (only what is missing moves, the remote never has a ref to a missing object, the local
+store never has a half-written object), and a server that dies mid-transfer gives a bounded
+BackendError.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import _seaweed
+import msgpack
+import pytest
+from _seaweed import BUCKET, check_remote_consistent, remote_listing, run_py, start_seaweed
+
+import casstore
+import casstore.remote as R
+
+# Fixtures shared by every remote test module (one SeaweedFS server per session).
+seaweed = _seaweed.seaweed
+remote = _seaweed.remote
+remote_url = _seaweed.remote_url
+
+KILL_AFTER = r"""
+import os, signal, sys
+import casstore, casstore.remote as R
+root, url, endpoint, op, point, n = sys.argv[1:7]
+store = casstore.open(root)
+rem = casstore.Remote(url, endpoint_url=endpoint, workers=4, progress=False)
+seen = [0]
+def hook(p):
+    if p == point:
+        seen[0] += 1
+        if seen[0] >= int(n):
+            os.kill(os.getpid(), signal.SIGKILL)
+R._fault_hook = hook
+getattr(store, op)(rem, "h")
+print("finished without being killed")
+"""
+
+
+def kill_after(store: casstore.Store, remote: casstore.Remote, endpoint: str, op: str, point: str,
+               n: int) -> None:
+    r = subprocess.run([sys.executable, "-c", KILL_AFTER, str(store.root), remote.url, endpoint, op, point, str(n)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL, (r.returncode, r.stdout, r.stderr)
+
+
+def object_keys(seaweed: Any, remote: casstore.Remote) -> Dict[str, int]:
+    return {k: v for k, v in remote_listing(seaweed.client(), remote.url).items() if "/objects/" in k}
+
+
+def ref_keys(seaweed: Any, remote: casstore.Remote) -> List[str]:
+    return [k for k in remote_listing(seaweed.client(), remote.url) if "/refs/" in k]
+
+
+def make_head(store: casstore.Store, n: int, size: int = 20_000, versions: int = 1) -> None:
+    for v in range(versions):
+        with store.edit("h") as m:
+            for i in range(n if v == 0 else 1):
+                m[f"v{v}-k{i}"] = store.put(os.urandom(size))
+
+
+def test_push_killed_midway_then_rerun_uploads_only_missing(tmp_path: Path, remote: casstore.Remote,
+                                                            seaweed: Any) -> None:
+    a = casstore.open(tmp_path / "a")
+    make_head(a, 60)
+    kill_after(a, remote, seaweed.endpoint, "push", "object-uploaded", 15)
+    there = object_keys(seaweed, remote)
+    assert 15 <= len(there) < 61
+    assert ref_keys(seaweed, remote) == []  # objects first, ref last
+    remote.requests.clear()
+    rep = a.push(remote, "h")
+    assert rep.objects == 61 - len(there) and rep.present == len(there)
+    assert remote.requests["PutObject"] == rep.objects + 1  # the missing objects, then the ref
+    assert check_remote_consistent(seaweed.client(), remote.url) == {"heads/h": str(a.heads()["h"])}
+
+
+def test_push_killed_before_refs_and_history_order(tmp_path: Path, remote: casstore.Remote, seaweed: Any) -> None:
+    a = casstore.open(tmp_path / "a")
+    make_head(a, 10, versions=6)  # 10 + 5 content objects, 6 versions
+    kill_after(a, remote, seaweed.endpoint, "push", "object-uploaded", 15 + 3)  # mid-history
+    client = seaweed.client()
+    there = object_keys(seaweed, remote)
+    assert ref_keys(seaweed, remote) == []
+    # A version on the remote implies its ancestors are there too (uploaded oldest first).
+    versions = [m.digest for m in a.history("h")]
+    present = [v for v in versions if remote.object_key(v) in there]
+    assert 0 < len(present) < len(versions)
+    for v in present:
+        doc = msgpack.unpackb(client.get_object(Bucket=BUCKET, Key=remote.object_key(v))["Body"].read())
+        if doc["parent"] is not None:
+            assert remote.object_key(casstore.Digest.from_bytes(doc["parent"])) in there
+    kill_after(a, remote, seaweed.endpoint, "push", "before-refs", 1)
+    assert len(object_keys(seaweed, remote)) == 21 and ref_keys(seaweed, remote) == []
+    remote.requests.clear()
+    rep = a.push(remote, "h")
+    assert rep.objects == 0 and remote.requests["PutObject"] == 1
+    check_remote_consistent(client, remote.url)
+
+
+def test_push_killed_from_outside_at_a_random_moment(tmp_path: Path, remote: casstore.Remote,
+                                                     seaweed: Any) -> None:
+    a = casstore.open(tmp_path / "a", durable=False)
+    make_head(a, 300, size=16_000)
+    code = ("import sys, casstore; s = casstore.open(sys.argv[1]); "
+            "s.push(casstore.Remote(sys.argv[2], endpoint_url=sys.argv[3], workers=2, progress=False), 'h')")
+    p = subprocess.Popen([sys.executable, "-c", code, str(a.root), remote.url, seaweed.endpoint],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while len(object_keys(seaweed, remote)) < 40:
+        assert p.poll() is None, p.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    there = object_keys(seaweed, remote)
+    assert len(there) < 301 and ref_keys(seaweed, remote) == []
+    check_remote_consistent(seaweed.client(), remote.url)  # no ref: nothing may point at anything missing
+    remote.requests.clear()
+    rep = a.push(remote, "h")
+    # An upload in flight at the kill may still have landed after the snapshot above.
+    assert rep.present >= len(there) and rep.present + rep.objects == 301
+    assert remote.requests["PutObject"] == rep.objects + 1
+    check_remote_consistent(seaweed.client(), remote.url)
+
+
+def test_pull_killed_midway_leaves_only_whole_objects(tmp_path: Path, remote: casstore.Remote,
+                                                      seaweed: Any) -> None:
+    a = casstore.open(tmp_path / "a", durable=False)
+    make_head(a, 400, size=5000)
+    a.push(remote, "h")
+    b = casstore.open(tmp_path / "b")
+    kill_after(b, remote, seaweed.endpoint, "pull", "object-downloaded", 200)
+    b = casstore.open(tmp_path / "b")  # opening sweeps the dead puller's staging files
+    assert b.heads() == {}
+    assert os.listdir(b.root / "tmp") == []
+    have = list(b.iter_objects())
+    assert a.heads()["h"] in have and len(have) < 401
+    for d in have:
+        b.get(d)  # every published object is whole and verifies
+    rep = b.pull(remote, "h")
+    assert rep.present == len(have) - 1 and rep.objects == 401 - len(have)
+    assert dict(b.manifest("h")) == dict(a.manifest("h"))
+
+
+def test_server_dies_mid_transfer_bounded_backend_error(tmp_path: Path) -> None:
+    srv = start_seaweed()
+    try:
+        rem = casstore.Remote("s3://dying/x", endpoint_url=srv.endpoint, name="dying", workers=2,
+                              connect_timeout=1, read_timeout=3, progress=False)
+        rem.create_bucket()
+        a = casstore.open(tmp_path / "a", durable=False)
+        make_head(a, 300, size=8000)
+        a.push(rem, "h")
+        b = casstore.open(tmp_path / "b")
+        seen = [0]
+
+        def hook(point: str) -> None:
+            if point == "object-downloaded":
+                seen[0] += 1
+                if seen[0] == 1:  # the other downloads are queued or in flight
+                    srv.proc.send_signal(signal.SIGKILL)
+                    srv.proc.wait()
+
+        R._fault_hook = hook
+        t = time.monotonic()
+        try:
+            with pytest.raises(casstore.BackendError, match="remote 'dying'.*unreachable"):
+                b.pull(rem, "h")
+        finally:
+            R._fault_hook = None
+        assert time.monotonic() - t < 30
+        assert b.heads() == {} and os.listdir(b.root / "tmp") == []
+        for d in b.iter_objects():
+            b.get(d)
+        with pytest.raises(casstore.BackendError, match="unreachable"):
+            with a.edit("h") as m:
+                m["new"] = a.put(b"more")
+            a.push(rem, "h")
+    finally:
+        srv.stop()
+
+
+def test_run_py_helper_sees_credentials(seaweed: Any, remote_url: str) -> None:
+    """Child processes get the test credentials from the environment (the usual AWS way)."""
+    r = run_py("import sys, casstore; r = casstore.Remote(sys.argv[1] if len(sys.argv) > 1 else "
+               f"{remote_url!r}, endpoint_url={seaweed.endpoint!r}); print(r.read_ref('heads', 'none'))")
+    assert r.returncode == 0 and r.stdout.strip() == "None", r.stderr
