@@ -46,7 +46,7 @@ from .errors import (
     ObjectNotFoundError,
 )
 from .manifest import Entry, Manifest, _canonical
-from .refs import read_ref, validate_name
+from .refs import read_ref, validate_key, validate_name
 
 if TYPE_CHECKING:
     from .store import Store
@@ -325,7 +325,9 @@ def derive(store: Store, name: str, *, inputs: Mapping[str, Any], fn: DeriveFn,
     cfg = current()
     regenerate = cfg.regenerate if regenerate is None else regenerate
     timeout = cfg.lock_timeout if timeout is None else timeout
-    keyed = {str(k): _input_key(store, v, str(k)) for k, v in inputs.items()}
+    # Input names become paths under the work dir (a several-file Manifest is a directory named
+    # after its input): they must be normalized relative paths, never '..' or absolute.
+    keyed = {validate_key(k, "derive input name"): _input_key(store, v, k) for k, v in inputs.items()}
     key = derive_key(name, keyed, params, version)
     if not regenerate:
         hit = _derive_hit(store, name, key)
@@ -404,6 +406,7 @@ def _materialize_input(store: Store, key: str, kind: str, d: Digest, in_dir: Pat
         return store.raw_path(next(iter(man.values())).digest)
     # Several files: a directory of hard links to the (read-only) raw objects.
     base = in_dir / key
+    base.mkdir(parents=True, exist_ok=True)  # exists even for an empty manifest
     for rel in man:
         dst = base / rel
         dst.parent.mkdir(parents=True, exist_ok=True)

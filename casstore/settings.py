@@ -10,6 +10,10 @@ Precedence, highest first:
    directory or a parent, else ``$XDG_CONFIG_HOME/casstore/casstore.toml``;
 3. built-in defaults.
 
+A relative ``store`` path in a settings file is relative to that file's
+directory (so every subdirectory of a project sees the same store); in
+``CASSTORE_DIR`` it is relative to the current directory.
+
 ``casstore config`` prints the effective values and their sources.  These are
 settings of a *run*; settings fixed when a store is created live in the store's
 own ``store.toml`` (see :mod:`casstore.config`).
@@ -70,8 +74,10 @@ def _parse(kind: str, value: Any, where: str) -> Any:
                 return False
             raise ValueError(value)
         if kind == "float":
+            if isinstance(value, bool):  # float(True) == 1.0: a TOML `true` is not a number of seconds
+                raise ValueError(value)
             f = float(value)
-            if f < 0:
+            if not f >= 0:  # also refuses NaN, with which a lock wait would never time out
                 raise ValueError(value)
             return f
         if kind == "path":
@@ -139,6 +145,9 @@ def load_settings(cwd: Optional[Path] = None, env: Optional[Mapping[str, str]] =
             sources[knob] = f"env {var}"
         elif knob in table:
             values[knob] = _parse(kind, table[knob], f"{knob} in {path}")
+            if kind == "path" and path is not None and not Path(values[knob]).is_absolute():
+                # Relative to the settings file, not to wherever the program runs from.
+                values[knob] = str(path.parent / values[knob])
             sources[knob] = str(path)
         else:
             values[knob] = _default_store() if knob == "store" else default

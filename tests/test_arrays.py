@@ -1,0 +1,371 @@
+"""numpy adapter: arrays as .npy objects, read-only memory maps, bundles."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import hypothesis.extra.numpy as hnp
+import numpy as np
+import pytest
+from _fetch_helpers import assert_objects_valid, b3
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import casstore
+from casstore.errors import IntegrityError, InvalidInputError, InvalidTypeError, ObjectNotFoundError, StoreFormatError
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> casstore.Store:
+    return casstore.open(tmp_path / "store", durable=False)
+
+
+@pytest.fixture(scope="module")
+def shared_store() -> Iterator[casstore.Store]:
+    """One store for the property tests (function-scoped fixtures do not mix with @given)."""
+    with tempfile.TemporaryDirectory(prefix="casstore-arrays-") as d:
+        yield casstore.open(Path(d) / "store", durable=False)
+
+
+def same(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> None:
+    """Same dtype (byte order included), shape, bits and memory order."""
+    assert b.dtype == a.dtype and b.dtype.str == a.dtype.str and b.dtype.descr == a.dtype.descr
+    assert b.shape == a.shape
+    assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()  # bitwise: NaNs included
+    if a.ndim > 1 and a.flags.f_contiguous and not a.flags.c_contiguous:
+        assert b.flags.f_contiguous  # Fortran order kept
+
+
+STRUCT = np.dtype([("id", "<i4"), ("pos", ">f8", (3,)), ("name", "S5"), ("flag", "?"),
+                   ("inner", [("a", "<u2"), ("t", "<M8[s]")])])
+_base = np.arange(60, dtype=np.float64).reshape(3, 4, 5)
+
+CASES = {
+    "f64": np.linspace(0, 1, 101),
+    "f32-nan-inf": np.array([np.nan, np.inf, -np.inf, -0.0, 1.5], dtype=np.float32),
+    "f16": np.arange(7, dtype=np.float16),
+    "i8": np.arange(-5, 5, dtype=np.int8),
+    "u64-max": np.array([0, 2**64 - 1], dtype=np.uint64),
+    "bool": np.array([[True, False], [False, True]]),
+    "c128": np.arange(6).astype(np.complex128) * (1 + 2j),
+    "c64-big-endian": np.arange(6).astype(">c8"),
+    "i4-big-endian": np.arange(12, dtype=">i4").reshape(3, 4),
+    "f8-big-endian-fortran": np.asfortranarray(np.arange(12, dtype=">f8").reshape(3, 4)),
+    "fortran-3d": np.asfortranarray(_base),
+    "non-contiguous": _base[::2, 1::2, ::-1],
+    "reversed": np.arange(10)[::-1],
+    "transposed": _base.transpose(1, 0, 2),
+    "0-d": np.array(3.25),
+    "0-d-bytes": np.array(b"xyz"),
+    "empty": np.zeros((0, 3)),
+    "empty-fortran": np.zeros((3, 0), order="F"),
+    "empty-1d-i2": np.zeros(0, dtype=np.int16),
+    "unicode": np.array(["a", "bc", "déf"]),
+    "bytes": np.array([b"a", b"bc\x00d"]),
+    "datetime64": np.arange(5).astype("datetime64[ns]"),
+    "timedelta64-fortran": np.asfortranarray(np.arange(6).reshape(2, 3).astype("m8[s]")),
+    "void": np.frombuffer(b"abcdefgh", dtype="V4"),
+    "structured": np.array([(1, (1.0, 2.0, 3.0), b"ab", True, (7, 5)),
+                            (2, (4.0, 5.0, 6.0), b"cdefg", False, (8, 6))], dtype=STRUCT),
+    "structured-empty": np.zeros(0, dtype=STRUCT),
+    "subarray-dtype": np.zeros(4, dtype=[("m", "<i2", (2, 3))]),
+    "large-4d": np.random.default_rng(0).random((4, 5, 6, 7)).astype(np.float32),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_roundtrip(store: casstore.Store, name: str) -> None:
+    a = CASES[name]
+    d = store.put_array(a)
+    same(a, store.get_array(d))
+    same(a, store.get_array(d, verify=False))
+    m = store.get_array(d, mmap=True)
+    same(a, m)
+    # The object is a valid .npy: np.load reads it, and it is byte for byte what np.save writes.
+    same(a, np.load(store.path(d), allow_pickle=False))
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    assert str(d) == b3(buf.getvalue())
+    # Compressed: same digest, same array, and mmap materializes a raw copy.
+    dc = store.put_array(a, compress=True)
+    assert dc == d
+    same(a, store.get_array(dc))
+
+
+def _np_save_bytes(a: np.ndarray[Any, Any]) -> bytes:
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "Stored array in format 2.0/3.0"
+        np.save(buf, a, allow_pickle=False)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("dtype", [
+    np.dtype([("Ā", "?")]),  # not latin-1: needs .npy format 3.0 (utf-8 header)
+    np.dtype([("température", "<f4"), ("名前", "U3")]),
+    np.dtype([(f"field_{i}", "<f4") for i in range(600)]),  # a 13 kB header: above numpy's default limit
+    np.dtype([(f"f{i}_" + "x" * 40, "<i2") for i in range(1000)]),  # a 58 kB header
+], ids=["non-latin-1", "unicode-names", "600-fields", "1000-fields"])
+def test_big_and_unicode_headers(store: casstore.Store, dtype: np.dtype[Any]) -> None:
+    a = np.zeros(3, dtype=dtype)
+    a[dtype.names[0]] = 1
+    d = store.put_array(a)
+    assert str(d) == b3(_np_save_bytes(a))  # exactly what np.save writes (format 1.0 or 3.0)
+    same(a, store.get_array(d))
+    same(a, store.get_array(d, mmap=True))
+    same(a, store.get_array(store.put_array(a, compress=True)))
+
+
+def test_header_too_big_to_read_back_is_refused(store: casstore.Store) -> None:
+    a = np.zeros(2, dtype=[(f"f{i}_" + "x" * 40, "<i2") for i in range(1200)])  # a 70 kB header
+    with pytest.raises(InvalidInputError, match="header") as ei:
+        store.put_array(a)
+    assert len(str(ei.value)) < 300  # says what is wrong without printing 1200 field names
+    assert list(store.iter_objects()) == []
+
+
+def test_data_is_64_byte_aligned(store: casstore.Store) -> None:
+    for a in (np.arange(10.0), CASES["structured"], np.zeros((7, 3), dtype="S13")):
+        d = store.put_array(a)
+        with open(store.path(d), "rb") as f:
+            np.lib.format.read_magic(f)
+            np.lib.format.read_array_header_1_0(f)
+            assert f.tell() % 64 == 0
+
+
+def test_compressed_array(store: casstore.Store) -> None:
+    a = np.zeros((512, 512), dtype=np.float32)
+    a[::7] = 1.0
+    d = store.put_array(a, compress=True)
+    assert store.stat(d).codec == "zstd" and store.stat(d).stored_size < a.nbytes // 10
+    same(a, store.get_array(d))
+    m = store.get_array(d, mmap=True)  # materializes the raw object once
+    same(a, m)
+    assert isinstance(m, np.memmap) and store.path(d).exists()
+    assert_objects_valid(store)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    a=hnp.arrays(
+        dtype=st.one_of(hnp.scalar_dtypes(), hnp.byte_string_dtypes(max_len=6), hnp.unicode_string_dtypes(max_len=4),
+                        hnp.array_dtypes(subtype_strategy=hnp.scalar_dtypes(), max_size=3)),
+        shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=6),
+    ),
+    layout=st.sampled_from(["C", "F", "slice", "byteswap"]),
+)
+def test_roundtrip_property(shared_store: casstore.Store, a: np.ndarray[Any, Any], layout: str) -> None:
+    if layout == "F":
+        a = np.asfortranarray(a)
+    elif layout == "slice" and a.ndim:
+        a = a[(slice(None, None, -2),) + (slice(None),) * (a.ndim - 1)]
+    elif layout == "byteswap" and a.dtype.names is None:
+        a = a.astype(a.dtype.newbyteorder())
+    d = shared_store.put_array(a)
+    same(a, shared_store.get_array(d))
+    same(a, shared_store.get_array(d, mmap=True))
+    same(a, np.load(shared_store.path(d), allow_pickle=False))
+
+
+@pytest.mark.parametrize("a", [
+    np.array([1, "a", None], dtype=object),
+    np.zeros(2, dtype=[("x", "<i4"), ("o", "O")]),
+    np.empty((0,), dtype=object),
+], ids=["object", "structured-with-object", "empty-object"])
+def test_object_arrays_refused(store: casstore.Store, a: np.ndarray[Any, Any]) -> None:
+    with pytest.raises(InvalidTypeError, match="object"):
+        store.put_array(a)
+    assert list(store.iter_objects()) == []
+
+
+@pytest.mark.parametrize("x", [[1, 2, 3], b"bytes", 3.0, None])
+def test_non_arrays_refused(store: casstore.Store, x: Any) -> None:
+    with pytest.raises(InvalidTypeError):
+        store.put_array(x)
+
+
+def test_pickled_npy_object_is_not_unpickled(store: casstore.Store) -> None:
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"evil": 1}], dtype=object), allow_pickle=True)
+    d = store.put(buf.getvalue())
+    with pytest.raises(StoreFormatError):
+        store.get_array(d)
+    with pytest.raises(StoreFormatError):
+        store.get_array(d, mmap=True)
+
+
+def test_not_an_npy_object(store: casstore.Store) -> None:
+    d = store.put(b"definitely not numpy" * 10)
+    with pytest.raises(StoreFormatError, match="npy"):
+        store.get_array(d)
+    with pytest.raises(StoreFormatError, match="npy"):
+        store.get_array(d, mmap=True)
+    with pytest.raises(ObjectNotFoundError):
+        store.get_array("blake3:" + "1" * 64)
+
+
+def test_mmap_is_read_only_memmap_of_the_object(store: casstore.Store) -> None:
+    a = np.arange(1000, dtype=np.int64).reshape(10, 100)
+    d = store.put_array(a)
+    m = store.get_array(d, mmap=True)
+    assert isinstance(m, np.memmap)
+    assert not m.flags.writeable
+    with pytest.raises(ValueError):
+        m[0, 0] = 5
+    assert Path(m.filename) == store.path(d)  # a map of the object itself, not of a copy
+    np.testing.assert_array_equal(m, a)
+    f = store.get_array(store.put_array(np.asfortranarray(a)), mmap=True)
+    assert f.flags.f_contiguous and not f.flags.writeable
+    # a plain get is a fresh, writable copy
+    g = store.get_array(d)
+    assert g.flags.writeable and not isinstance(g, np.memmap)
+
+
+def _flip(path: Path, offset: int) -> None:
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x01]))
+    os.chmod(path, 0o444)
+
+
+def test_corrupt_data_raises_integrity_error(store: casstore.Store) -> None:
+    a = np.arange(100_000, dtype=np.float64)
+    d = store.put_array(a)
+    size = store.stat(d).size
+    _flip(store.path(d), size - 1000)  # a byte of the data part
+    with pytest.raises(IntegrityError, match=str(d)[:20]):
+        store.get_array(d)
+    # verify=False (and mmap, which never hashes) return the damaged data without complaint:
+    assert not np.array_equal(store.get_array(d, verify=False), a)
+
+
+def test_truncated_object_raises_integrity_error(store: casstore.Store) -> None:
+    a = np.arange(10_000, dtype=np.int32)
+    d = store.put_array(a)
+    p = store.path(d)
+    os.chmod(p, 0o644)
+    os.truncate(p, store.stat(d).size - 100)
+    with pytest.raises(IntegrityError):
+        store.get_array(d)
+    with pytest.raises(IntegrityError):
+        store.get_array(d, verify=False)
+
+
+def test_corrupt_compressed_array_raises_integrity_error(store: casstore.Store) -> None:
+    a = np.tile(np.arange(1000, dtype=np.float64), 50)
+    d = store.put_array(a, compress=True)
+    info = store.stat(d)
+    assert info.codec == "zstd"
+    p = store.root / "objects" / d.hex[:2] / (d.hex[2:] + ".zst")
+    _flip(p, info.stored_size // 2)
+    with pytest.raises(IntegrityError):
+        store.get_array(d)
+
+
+# -- bundles -------------------------------------------------------------------------
+
+
+def test_put_arrays_get_arrays_roundtrip(store: casstore.Store) -> None:
+    arrays = {k: CASES[k] for k in ("f64", "fortran-3d", "structured", "0-d", "empty", "i4-big-endian")}
+    arrays["nested/name"] = np.arange(3)
+    b = store.put_arrays(arrays)
+    got = store.get_arrays(b)
+    assert list(got) == sorted(arrays) or set(got) == set(arrays)
+    for k, a in arrays.items():
+        same(a, got[k])
+    mm = store.get_arrays(b, mmap=True)
+    for k, a in arrays.items():
+        assert isinstance(mm[k], np.memmap)
+        same(a, mm[k])
+    m = store.manifest(b)
+    assert m.meta["kind"] == "casstore.arrays"
+    assert m["f64"].meta["shape"] == [101] and m["f64"].meta["dtype"] == "float64"
+    assert m["f64"].digest == store.put_array(arrays["f64"])  # each array is its own .npy object
+    assert store.put_arrays(dict(reversed(list(arrays.items())))) == b  # order-independent, deterministic
+    # Pinned, it survives by name.
+    store.pin("my-bundle", b)
+    same(arrays["f64"], store.get_arrays(store.pins()["my-bundle"])["f64"])
+
+
+def test_put_arrays_errors(store: casstore.Store) -> None:
+    with pytest.raises(InvalidTypeError):
+        store.put_arrays([np.arange(3)])
+    with pytest.raises(InvalidTypeError):
+        store.put_arrays({"ok": np.arange(3), "bad": np.array([None], dtype=object)})
+    with pytest.raises((InvalidInputError, InvalidTypeError)):
+        store.put_arrays({"": np.arange(3)})
+    with pytest.raises((InvalidInputError, InvalidTypeError)):
+        store.put_arrays({"../escape": np.arange(3)})
+
+
+def test_get_arrays_of_a_non_bundle(store: casstore.Store) -> None:
+    with store.edit("plain") as ed:
+        ed["x"] = casstore.Entry(store.put_array(np.arange(3)))
+    with pytest.raises(StoreFormatError, match="bundle"):
+        store.get_arrays(store.manifest("plain").digest)
+    with pytest.raises(StoreFormatError):
+        store.get_arrays(store.put_array(np.arange(3)))  # an array, not a manifest
+    with pytest.raises(StoreFormatError):
+        store.get_arrays(store.put(b"random bytes"))
+
+
+# -- the 1 GiB memory map ------------------------------------------------------------------
+
+MMAP_CHILD = textwrap.dedent("""
+    import json, sys, time
+    import numpy as np
+    import psutil
+    import casstore
+
+    store = casstore.open(sys.argv[1])
+    proc = psutil.Process()
+    store.get_array(sys.argv[3], mmap=True)  # warm-up: imports, first calls (a small array)
+    rss0 = proc.memory_info().rss
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a = store.get_array(sys.argv[2], mmap=True)
+        times.append(time.perf_counter() - t0)
+    rss1 = proc.memory_info().rss
+    assert isinstance(a, np.memmap) and a.shape == (1 << 28,) and not a.flags.writeable
+    # Touch two elements: only their pages (or the kernel's fault-around / large folios) come in.
+    s = float(a[0] + a[-1])
+    rss2 = proc.memory_info().rss
+    # Touch everything: now the mapping is resident (so the RSS probe does see mapped pages).
+    s += float(a.sum(dtype=np.float64))
+    rss3 = proc.memory_info().rss
+    print(json.dumps({"times": times, "rss0": rss0, "rss1": rss1, "rss2": rss2, "rss3": rss3, "sum": s}))
+""")
+
+
+@pytest.mark.slow
+def test_mmap_of_1gib_array_is_instant_and_lazy(tmp_path: Path) -> None:
+    store = casstore.open(tmp_path / "store", durable=False)
+    n = 1 << 28  # float32: 1 GiB
+    big = np.ones(n, dtype=np.float32)
+    d = store.put_array(big)
+    del big
+    assert store.stat(d).size > 1 << 30 and store.stat(d).codec == "raw"
+    small = store.put_array(np.arange(10))
+    r = subprocess.run([sys.executable, "-c", MMAP_CHILD, str(store.root), str(d), str(small)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    times = sorted(out["times"])
+    assert times[len(times) // 2] < 0.010, f"get_array(mmap=True) took {times} s"
+    assert out["rss1"] - out["rss0"] < 8 << 20, "mapping must not read the array"
+    assert out["sum"] == 2.0 + n
+    assert out["rss2"] - out["rss1"] < 64 << 20  # only the touched pages
+    assert out["rss3"] - out["rss1"] > 512 << 20  # touched all: resident

@@ -1,0 +1,174 @@
+"""store.open_hdf5: read-only h5py access to objects that any number of processes may hold open.
+
+HDF5 keeps an flock on a file for as long as it is open (shared for 'r',
+exclusive for 'r+'/'a'/'w'), so plain ``h5py.File`` fails with "unable to lock
+file" whenever modes conflict.  Objects never change, so ``open_hdf5`` opens
+them with ``locking=False``; these tests check the flock really is absent
+(not just that two shared locks happen to coexist).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Tuple
+
+import h5py
+import numpy as np
+import pytest
+from _fetch_helpers import SPAWN, assert_objects_valid, flock_holder, hdf5_holder, hdf5_reader, results
+
+import casstore
+from casstore.errors import CompressedObjectError, ObjectNotFoundError, StoreFormatError
+
+DATA = np.tile(np.arange(100, dtype=np.float64), 2000)  # 1.6 MB, very compressible
+TOTAL = float(DATA.sum())
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> casstore.Store:
+    return casstore.open(tmp_path / "store", durable=False)
+
+
+@pytest.fixture
+def h5file(tmp_path: Path) -> Path:
+    p = tmp_path / "src.h5"
+    with h5py.File(p, "w") as f:
+        f["x"] = DATA
+        f["group/y"] = np.arange(12, dtype=np.int32).reshape(3, 4)
+        f.attrs["title"] = "test file"
+    return p
+
+
+def test_open_hdf5_reads_read_only(store: casstore.Store, h5file: Path) -> None:
+    d = store.put_path(h5file, compress=False)
+    with store.open_hdf5(d) as f:
+        assert f.mode == "r"
+        np.testing.assert_array_equal(f["x"][...], DATA)
+        np.testing.assert_array_equal(f["group/y"][...], np.arange(12).reshape(3, 4))
+        assert f.attrs["title"] == "test file"
+        assert Path(f.filename) == store.path(d)
+        with pytest.raises((OSError, ValueError, KeyError)):
+            f["new"] = np.zeros(3)  # read-only handle
+    with store.open_hdf5(str(d), rdcc_nbytes=1 << 20) as f:  # other h5py keyword arguments pass through
+        assert f["x"].shape == DATA.shape
+    assert_objects_valid(store)
+
+
+def test_open_hdf5_errors(store: casstore.Store, h5file: Path) -> None:
+    d = store.put_path(h5file, compress=False)
+    with pytest.raises(TypeError):
+        store.open_hdf5(d, mode="r+")
+    with pytest.raises(TypeError):
+        store.open_hdf5(d, locking=True)
+    not_h5 = store.put(b"this is not an HDF5 file" * 100)
+    with pytest.raises(StoreFormatError, match="HDF5"):
+        store.open_hdf5(not_h5)
+    with pytest.raises(ObjectNotFoundError):
+        store.open_hdf5("blake3:" + "0" * 64)
+
+
+def test_compressed_object_is_materialized_once(store: casstore.Store, h5file: Path) -> None:
+    d = store.put_path(h5file, compress=True)
+    assert store.stat(d).codec == "zstd"
+    assert store.stat(d).stored_size < store.stat(d).size // 4
+    with pytest.raises(CompressedObjectError):
+        store.path(d)
+    with store.open_hdf5(d) as f:
+        np.testing.assert_array_equal(f["x"][...], DATA)
+    raw = store.path(d)  # now it has a raw path
+    assert raw.read_bytes() == h5file.read_bytes()
+    st1 = os.stat(raw)
+    with store.open_hdf5(d) as f:
+        assert float(f["x"][...].sum()) == TOTAL
+    st2 = os.stat(raw)
+    assert (st1.st_ino, st1.st_mtime_ns) == (st2.st_ino, st2.st_mtime_ns)  # cached, not re-materialized
+    assert not st2.st_mode & 0o222  # read-only like every object
+    assert store.get(d) == h5file.read_bytes()
+    assert assert_objects_valid(store).count(str(d)) == 2  # both forms exist and both are valid
+    assert os.listdir(store.root / "tmp") == []
+
+
+def _start_holders(root: Path, d: str, n: int) -> Tuple[Any, Any, list[Any]]:
+    release = SPAWN.Event()
+    q = SPAWN.Queue()
+    procs = []
+    for _ in range(n):
+        ready = SPAWN.Event()
+        p = SPAWN.Process(target=hdf5_holder, args=(str(root), d, "x", ready, release, q))
+        p.start()
+        procs.append((p, ready))
+    for _p, ready in procs:
+        assert ready.wait(30), "a holder never opened the file"
+    return release, q, [p for p, _ in procs]
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_two_holders_and_a_reader(tmp_path: Path, h5file: Path, compress: bool) -> None:
+    root = tmp_path / "store"
+    store = casstore.open(root)
+    d = str(store.put_path(h5file, compress=compress))
+    # Two processes open the object through open_hdf5 (materializing a compressed one concurrently) ...
+    release, q, holders = _start_holders(root, d, 2)
+    try:
+        # ... and a third reads it while they keep it open.
+        rq = SPAWN.Queue()
+        reader = SPAWN.Process(target=hdf5_reader, args=(str(root), d, "x", rq))
+        reader.start()
+        (_, _, (total, exclusive_ok, locks)), = results(rq, 1)
+        reader.join(30)
+        assert total == TOTAL
+        # No process holds an HDF5 flock on the object: an exclusive flock is free to take.
+        assert locks == [] and exclusive_ok
+        # Even plain h5py in a conflicting mode is not blocked by our readers.
+        with h5py.File(store.path(d), "r", locking=True) as f:
+            assert float(f["x"][...].sum()) == TOTAL
+    finally:
+        release.set()
+    out = results(q, 2)
+    assert [r[2] for r in out] == [TOTAL, TOTAL]
+    for p in holders:
+        p.join(30)
+        assert p.exitcode == 0
+    assert assert_objects_valid(store)
+
+
+def test_open_hdf5_works_next_to_an_exclusive_lock(tmp_path: Path, h5file: Path) -> None:
+    """Someone holds an exclusive flock on the object (as HDF5 does for a writer): open_hdf5 still reads it."""
+    root = tmp_path / "store"
+    store = casstore.open(root)
+    d = store.put_path(h5file, compress=False)
+    ready, release, q = SPAWN.Event(), SPAWN.Event(), SPAWN.Queue()
+    p = SPAWN.Process(target=flock_holder, args=(str(store.path(d)), "flock-ex", ready, release, q))
+    p.start()
+    try:
+        assert ready.wait(30)
+        with store.open_hdf5(d) as f:
+            assert float(f["x"][...].sum()) == TOTAL
+        with pytest.raises(OSError, match="lock"):  # what open_hdf5 avoids
+            h5py.File(store.path(d), "r")
+    finally:
+        release.set()
+    results(q, 1)
+    p.join(30)
+
+
+@pytest.mark.parametrize("holder_mode,other_mode", [("a", "r"), ("r+", "r"), ("r", "r+")])
+def test_plain_h5py_locking_hazard(tmp_path: Path, h5file: Path, holder_mode: str, other_mode: str) -> None:
+    """The hazard itself, on a plain (non-store) copy: conflicting modes make h5py fail with a lock error."""
+    plain = tmp_path / "plain.h5"
+    shutil.copyfile(h5file, plain)
+    ready, release, q = SPAWN.Event(), SPAWN.Event(), SPAWN.Queue()
+    p = SPAWN.Process(target=flock_holder, args=(str(plain), holder_mode, ready, release, q))
+    p.start()
+    try:
+        assert ready.wait(30)
+        with pytest.raises(OSError, match="unable to lock file"):
+            h5py.File(plain, other_mode)
+        with h5py.File(plain, "r", locking=False) as f:  # what open_hdf5 does
+            assert float(f["x"][...].sum()) == TOTAL
+    finally:
+        release.set()
+    results(q, 1)
+    p.join(30)
