@@ -304,8 +304,7 @@ class ManifestEditor(MutableMapping[str, Entry]):
     def _complete_entries(self) -> None:
         """Fill sizes and refuse entries whose objects are missing (unless allowed)."""
         for key, e in self._changed.items():
-            if e.size is not None and self._allow_missing:
-                continue
+            # allow_missing allows *missing* objects; a local one is still checked against its size.
             try:
                 info = self._store.stat(e.digest)
             except ObjectNotFoundError:
@@ -408,6 +407,11 @@ def resolve_target(store: Store, target: Union[str, Digest]) -> Tuple[Digest, Op
     head = read_ref(store.root, "heads", name)
     if head is not None:
         return head, name, False
+    # freeze() writes the pin, then removes the head: a reader that looked for the pin
+    # just before a freeze and for the head just after it must find the new pin.
+    pin = read_ref(store.root, "pins", name)
+    if pin is not None:
+        return pin, name, True
     raise ObjectNotFoundError(
         f"no manifest named {name!r} in the store at {store.root}; see `casstore pins` and `casstore log`"
     )
