@@ -251,6 +251,28 @@ def test_corrupt_data_raises_integrity_error(store: casstore.Store) -> None:
     assert not np.array_equal(store.get_array(d, verify=False), a)
 
 
+def test_corrupt_large_array_raises_integrity_error(store: casstore.Store) -> None:
+    """Arrays of 16 MiB and more are hashed by a helper thread while they are read: same contract."""
+    a = np.arange(5 << 20, dtype=np.float32)  # 20 MiB
+    d = store.put_array(a)
+    same(a, store.get_array(d))
+    _flip(store.path(d), store.stat(d).size // 2)
+    with pytest.raises(IntegrityError, match=str(d)[:20]):
+        store.get_array(d)
+
+
+def test_appended_bytes_raise_integrity_error(store: casstore.Store) -> None:
+    for n in (1000, 5 << 20):  # the read-then-hash path and the helper-thread path
+        a = np.ones(n, dtype=np.float32)
+        d = store.put_array(a)
+        p = store.path(d)
+        os.chmod(p, 0o644)
+        with open(p, "ab") as f:
+            f.write(b"trailing garbage")
+        with pytest.raises(IntegrityError):
+            store.get_array(d)
+
+
 def test_truncated_object_raises_integrity_error(store: casstore.Store) -> None:
     a = np.arange(10_000, dtype=np.int32)
     d = store.put_array(a)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -391,3 +393,29 @@ def test_waiter_times_out_with_clear_error(tmp_path: Path, server: Server) -> No
     finally:
         os.kill(first.pid, signal.SIGKILL)  # type: ignore[attr-defined]
         first.join(10)  # type: ignore[attr-defined]
+
+
+# -- the CLI -------------------------------------------------------------------------------
+
+
+def test_cli_fetch(tmp_path: Path, server: Server) -> None:
+    data = payload(50_000, seed=11)
+    url = server.add("/cli.bin", data)
+    cli = str(Path(sys.executable).with_name("casstore"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CASSTORE_")}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
+    root = tmp_path / "store"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([cli, "--store", str(root), "fetch", *args], capture_output=True, text=True,
+                              env=env, timeout=60)
+
+    r = run(url, "--sha256", hashlib.sha256(data).hexdigest())
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == b3(data)
+    assert run(url).stdout.strip() == b3(data) and server.count("/cli.bin") == 1
+    assert run(url, "--force").returncode == 0 and server.count("/cli.bin") == 2
+    r = run(url, "--md5", hashlib.md5(b"other").hexdigest(), "--force")
+    assert r.returncode != 0 and "IntegrityError" in r.stderr and "Traceback" not in r.stderr
+    r = run("ftp://example.org/x")
+    assert r.returncode != 0 and "unsupported URL" in r.stderr and "Traceback" not in r.stderr
