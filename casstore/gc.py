@@ -407,8 +407,8 @@ def _ago(seconds: float) -> str:
 class GCResult:
     """What :meth:`GCPlan.execute` did."""
 
-    deleted: Tuple[Digest, ...]
-    """Digests whose planned files were deleted."""
+    deleted_hex: Tuple[str, ...] = field(repr=False)
+    """Hex digests whose planned files were deleted (``deleted`` as :class:`Digest`)."""
     freed_bytes: int
     skipped: Mapping[Digest, str]
     """Planned objects kept after all, and why (referenced or re-put since the plan)."""
@@ -416,9 +416,14 @@ class GCResult:
     """Planned files that had disappeared before execute reached them."""
     seconds: float
 
+    @cached_property
+    def deleted(self) -> Tuple[Digest, ...]:
+        """Digests whose planned files were deleted, in deletion order."""
+        return tuple(Digest(h) for h in self.deleted_hex)
+
     def to_dict(self) -> Dict[str, Any]:
         """JSON-able form."""
-        return {"deleted": len(self.deleted), "freed_bytes": self.freed_bytes,
+        return {"deleted": len(self.deleted_hex), "freed_bytes": self.freed_bytes,
                 "skipped": {str(k): v for k, v in self.skipped.items()}, "already_gone": self.already_gone,
                 "seconds": round(self.seconds, 3)}
 
@@ -688,7 +693,9 @@ def _execute(plan: GCPlan, *, timeout: Optional[float], progress: Optional[bool]
     store = plan.store
     t0 = time.monotonic()
     tmp = store.root / TMP
-    token = process_token()
+    # <pid>.<start>.<host>.<hex>.gc: swept like any dead writer's staging file if we are killed
+    grave_prefix = f"{tmp}{os.sep}{process_token()}.{secrets.token_hex(4)}"
+    seq = 0
     deleted: List[str] = []
     skipped: Dict[Digest, str] = {}
     freed = 0
@@ -715,7 +722,8 @@ def _execute(plan: GCPlan, *, timeout: Optional[float], progress: Optional[bool]
             if f.hex in protected:
                 skipped[Digest(f.hex)] = protected[f.hex]
                 continue
-            grave = tmp / f"{token}.{secrets.token_hex(8)}.gc"
+            seq += 1
+            grave = f"{grave_prefix}{seq:08x}.gc"
             try:
                 os.rename(f.path, grave)
             except FileNotFoundError:
@@ -739,9 +747,7 @@ def _execute(plan: GCPlan, *, timeout: Optional[float], progress: Optional[bool]
             _fault("deleted")
         # No sync at the end: a deletion a power loss undoes only leaves garbage behind.
         sweep_stale(tmp)  # files a killed gc left mid-move
-    uniq: Dict[str, None] = dict.fromkeys(deleted)
-    return GCResult(tuple(Digest(h) for h in uniq), freed, MappingProxyType(skipped), gone,
-                    time.monotonic() - t0)
+    return GCResult(tuple(dict.fromkeys(deleted)), freed, MappingProxyType(skipped), gone, time.monotonic() - t0)
 
 
 @dataclass(frozen=True)

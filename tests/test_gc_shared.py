@@ -18,6 +18,7 @@ from typing import Any, Dict
 from conftest import run_py
 
 import casstore
+from casstore.refs import lock_path
 
 GID, UID = 4321, 4322
 
@@ -91,12 +92,12 @@ def test_shared_store_is_group_writable_and_usable_by_another_user(world_dir: Pa
     assert s.config.shared
     dirs = [root, root / "objects", root / "objects" / "00", root / "objects" / "ff", root / "refs",
             root / "refs" / "heads", root / "refs" / "heads" / "team", root / "refs" / "pins", root / "locks",
-            root / "locks" / "names", root / "locks" / "names" / "team", root / "tmp", root / "bad", root / "state"]
+            root / "locks" / "names", root / "tmp", root / "bad", root / "state"]
     for d in dirs:
         assert mode(d) == 0o2775, (d, oct(mode(d)))
         assert os.stat(d).st_gid == GID, d
     locks = root / "locks"
-    for lock in [locks / "gc.lock", locks / "gc.gate", locks / "names" / "team" / "exp.lock"]:
+    for lock in [locks / "gc.lock", locks / "gc.gate", lock_path(root, "names", "team/exp")]:
         assert mode(lock) == 0o664 and os.stat(lock).st_gid == GID, (lock, oct(mode(lock)))
     obj = s.path(s.manifest("team/exp")["a"].digest)
     assert mode(obj) == 0o444 and os.stat(obj).st_gid == GID
@@ -111,10 +112,10 @@ def test_shared_store_is_group_writable_and_usable_by_another_user(world_dir: Pa
     assert set(man) == {"a", "b"} and s.get(man["b"].digest) == b"written by the second user"
     assert s.manifest("team/u2/new")["c"].digest == man["b"].digest
     # what the other user created is shared too
-    for d in (root / "refs" / "heads" / "team" / "u2", root / "locks" / "names" / "team" / "u2"):
-        assert mode(d) == 0o2775 and os.stat(d).st_gid == GID and os.stat(d).st_uid == UID, d
-    lock = root / "locks" / "names" / "team" / "u2" / "new.lock"
-    assert mode(lock) == 0o664 and os.stat(lock).st_uid == UID
+    d = root / "refs" / "heads" / "team" / "u2"
+    assert mode(d) == 0o2775 and os.stat(d).st_gid == GID and os.stat(d).st_uid == UID, d
+    lock = lock_path(root, "names", "team/u2/new")
+    assert mode(lock) == 0o664 and os.stat(lock).st_uid == UID and os.stat(lock).st_gid == GID
     new_obj = s.path(man["b"].digest)
     assert mode(new_obj) == 0o444 and os.stat(new_obj).st_gid == GID and os.stat(new_obj).st_uid == UID
     assert s.verify().ok
