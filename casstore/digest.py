@@ -6,6 +6,7 @@ content.  Its string form names the algorithm: ``blake3:<64 lowercase hex>``.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Union
@@ -29,9 +30,24 @@ _MT_THRESHOLD = 1 << 20
 Buffer = Union[bytes, bytearray, memoryview]
 
 
+# blake3's thread pool (Rayon) does not survive fork(): in the child of a
+# process that has used it, a multi-threaded update waits forever for worker
+# threads that were not copied (e.g. forked DataLoader workers putting >= 1 MiB).
+# Any process created by fork() therefore hashes on its own thread.
+_forked = False
+
+
+def _note_fork() -> None:
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_note_fork)
+
+
 def new_hasher(*, threaded: bool = False) -> blake3.blake3:
-    """Return a fresh BLAKE3 hasher (multi-threaded for large updates if asked)."""
-    if threaded:
+    """Return a fresh BLAKE3 hasher (multi-threaded for large updates if asked and fork-safe)."""
+    if threaded and not _forked:
         return blake3.blake3(max_threads=blake3.blake3.AUTO)
     return blake3.blake3()
 
@@ -68,6 +84,8 @@ class Digest:
     @classmethod
     def from_bytes(cls, raw: bytes) -> Digest:
         """Build a digest from its 32 raw bytes."""
+        if not isinstance(raw, (bytes, bytearray, memoryview)):
+            raise InvalidTypeError(f"a raw digest is 32 bytes, not {type(raw).__name__}")
         if len(raw) != 32:
             raise InvalidDigestError(f"a BLAKE3 digest is 32 bytes, got {len(raw)}")
         return cls(raw.hex())

@@ -46,7 +46,7 @@ from .errors import (
     ObjectNotFoundError,
 )
 from .manifest import Entry, Manifest, _canonical
-from .refs import read_ref, validate_key, validate_name
+from .refs import lock_path, read_ref, validate_key, validate_name
 
 if TYPE_CHECKING:
     from .store import Store
@@ -333,7 +333,7 @@ def derive(store: Store, name: str, *, inputs: Mapping[str, Any], fn: DeriveFn,
         hit = _derive_hit(store, name, key)
         if hit is not None:
             return hit
-    with FileLock(store.root / LOCKS / "derive" / f"{name}.lock", timeout=timeout,
+    with FileLock(lock_path(store.root, "derive", name), timeout=timeout,
                   what=f"derive {name!r} (key {key[:12]})"):
         if not regenerate:
             hit = _derive_hit(store, name, key)

@@ -76,8 +76,16 @@ def ref_path(root: Path, kind: str, name: str) -> Path:
 
 
 def lock_path(root: Path, kind: str, name: str) -> Path:
-    """Sidecar lock file for a name: ``<root>/locks/<kind>/<name>.lock``."""
-    return root / LOCKS / kind / f"{name}.lock"
+    """Sidecar lock file for a name: ``<root>/locks/<kind>/<blake3(name)[:32]>.lock``.
+
+    Hashed, not ``<name>.lock``: the names ``x`` and ``x.lock/y`` are both valid,
+    and their lock files would collide (a file where a directory must be).
+    """
+    from .digest import new_hasher
+
+    h = new_hasher()
+    h.update(name.encode("utf-8", "surrogatepass"))
+    return root / LOCKS / kind / f"{h.hexdigest()[:32]}.lock"
 
 
 def read_ref(root: Path, kind: str, name: str) -> Optional[Digest]:

@@ -771,17 +771,18 @@ class Store:
 
         return freeze(self, name, timeout=timeout)
 
-    def pin(self, name: str, target: DigestLike, *, force: bool = False) -> Digest:
+    def pin(self, name: str, target: DigestLike, *, force: bool = False,
+            timeout: Optional[float] = 600.0) -> Digest:
         """Name a manifest version (digest or another name) with a pin; moving one needs ``force``."""
         from .manifest import pin
 
-        return pin(self, name, target, force=force)
+        return pin(self, name, target, force=force, timeout=timeout)
 
-    def unpin(self, name: str) -> Digest:
+    def unpin(self, name: str, *, timeout: Optional[float] = 600.0) -> Digest:
         """Remove a pin's name; its objects are collected later by GC if nothing else holds them."""
         from .manifest import unpin
 
-        return unpin(self, name)
+        return unpin(self, name, timeout=timeout)
 
     def pins(self) -> Dict[str, Digest]:
         """Every pin: name -> frozen manifest digest."""
