@@ -18,6 +18,7 @@ lock; (5) a frozen manifest or pin never changes.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import errno
 import fcntl
@@ -322,11 +323,34 @@ class ManifestEditor(MutableMapping[str, Entry]):
             if e.size is None:
                 self._entries[key] = Entry(e.digest, info.size, e.meta)
 
+    def _check_key_conflicts(self) -> None:
+        """Refuse a key that is also a directory of another key ("a" and "a/b"):
+        such a manifest could never be checked out."""
+        changed = [k for k in self._changed if k in self._entries]
+        if not changed:
+            return
+        ordered = sorted(self._entries)
+        for key in changed:
+            parts = key.split("/")
+            for i in range(1, len(parts)):
+                prefix = "/".join(parts[:i])
+                if prefix in self._entries:
+                    raise InvalidInputError(
+                        f"manifest {self.name!r}: key {key!r} needs {prefix!r} to be a directory, "
+                        f"but {prefix!r} is also a key; rename one of them"
+                    )
+            j = bisect.bisect_left(ordered, key + "/")
+            if j < len(ordered) and ordered[j].startswith(key + "/"):
+                raise InvalidInputError(
+                    f"manifest {self.name!r}: key {key!r} is also the directory of {ordered[j]!r}; rename one of them"
+                )
+
     def _commit(self) -> Optional[Manifest]:
         base_meta = self.base._meta if self.base is not None else {}
         # Compare encodings too: 1 == 1.0 == True in Python, but they are different metadata.
         if not self._dirty and self.meta == base_meta and _packed_meta(self.meta) == _packed_meta(base_meta):
             return self.base
+        self._check_key_conflicts()
         self._complete_entries()
         parent = self.base.digest if self.base is not None else None
         data = encode_manifest(self._entries, self.meta, parent)

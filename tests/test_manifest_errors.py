@@ -129,10 +129,18 @@ def test_good_keys_are_accepted_and_check_out_inside_the_target(mstore: casstore
 
 def test_checkout_refuses_keys_that_are_both_file_and_directory(mstore: casstore.Store, obj: Digest,
                                                                  tmp_path: Path) -> None:
-    with mstore.edit("exp") as m:
-        m["a"] = obj
-        m["a/b/c.h5"] = obj
-        m["0-first"] = obj
+    # Refused when edited, whichever key comes first ...
+    for first, second in (("a", "a/b/c.h5"), ("a/b/c.h5", "a")):
+        with pytest.raises(InvalidInputError, match="directory"):
+            with mstore.edit("exp") as m:
+                m["0-first"] = obj
+                m[first] = obj
+                m[second] = obj
+        assert "exp" not in mstore.heads()
+    # ... and a manifest built by other means is refused as a whole by checkout.
+    size = mstore.stat(obj).size
+    data = raw_manifest_bytes({"0-first": [obj.raw, size], "a": [obj.raw, size], "a/b/c.h5": [obj.raw, size]})
+    mstore.pin("exp", mstore.put(data))
     out = tmp_path / "out"
     with pytest.raises(InvalidInputError, match="conflict"):
         mstore.checkout("exp", out)
