@@ -155,6 +155,16 @@ def _entry_from_raw(key: str, raw: Any, digest: Optional[Digest]) -> Entry:
 def encode_manifest(entries: Mapping[str, Union[Entry, List[Any]]], meta: Mapping[str, Any],
                     parent: Optional[Digest]) -> bytes:
     """Canonical msgpack bytes of a manifest version (sorted keys, format field)."""
+    return _pack(_manifest_doc(entries, meta, parent))
+
+
+def _pack(doc: Dict[str, Any]) -> bytes:
+    return msgpack.packb(doc, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def _manifest_doc(entries: Mapping[str, Union[Entry, List[Any]]], meta: Mapping[str, Any],
+                  parent: Optional[Digest]) -> Dict[str, Any]:
+    """The document :func:`encode_manifest` packs (what ``decode_manifest`` returns for it)."""
     enc: Dict[str, Any] = {}
     for k in sorted(entries):
         v = entries[k]
@@ -166,7 +176,7 @@ def encode_manifest(entries: Mapping[str, Union[Entry, List[Any]]], meta: Mappin
         "parent": parent.raw if parent is not None else None,
         "v": MANIFEST_FORMAT,
     }
-    return msgpack.packb(doc, use_bin_type=True)  # type: ignore[no-any-return]
+    return doc
 
 
 def decode_manifest(data: bytes, digest: Optional[Digest] = None) -> Dict[str, Any]:
@@ -353,13 +363,14 @@ class ManifestEditor(MutableMapping[str, Entry]):
         self._check_key_conflicts()
         self._complete_entries()
         parent = self.base.digest if self.base is not None else None
-        data = encode_manifest(self._entries, self.meta, parent)
+        doc = _manifest_doc(self._entries, self.meta, parent)
+        data = _pack(doc)
         _fault("before-object")
         digest = self._store.put(data, compress=False)
         _fault("after-object")  # the version exists; the ref has not moved yet
         write_ref(self._store.root, "heads", self.name, digest, durable=self._store.durable)
         _fault("after-ref")
-        doc = decode_manifest(data, digest)
+        # The document we packed is what decoding the bytes would give back.
         return Manifest(digest, doc, name=self.name)
 
 
