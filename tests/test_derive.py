@@ -37,6 +37,7 @@ from _fetch_helpers import (
 import casstore
 from casstore.errors import InvalidDigestError, InvalidInputError, InvalidTypeError, LockTimeout, ObjectNotFoundError
 from casstore.fetch import derive_key
+from casstore.refs import lock_path
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ def runs(counter: Path) -> List[str]:
 
 
 def lock_file(store: casstore.Store, name: str) -> Path:
-    return store.root / "locks" / "derive" / f"{name}.lock"
+    return lock_path(store.root, "derive", name)
 
 
 # -- memoization ----------------------------------------------------------------------

@@ -302,11 +302,12 @@ def test_lock_timeout_setting_applies(home: Path, monkeypatch: pytest.MonkeyPatc
     """A derive waiting on a held lock gives up after the configured lock_timeout."""
     from casstore._lock import FileLock
     from casstore.errors import LockTimeout
+    from casstore.refs import lock_path
 
     store = casstore.open(home / "store", durable=False)
     src = store.put(b"x")
     monkeypatch.setenv("CASSTORE_LOCK_TIMEOUT", "0.2")
-    held = FileLock(store.root / "locks" / "derive" / "busy.lock", timeout=1)
+    held = FileLock(lock_path(store.root, "derive", "busy"), timeout=1)  # the lock derive("busy") takes
     # flock locks are per open file description, so a second one in this process conflicts too.
     with held:
         with pytest.raises(LockTimeout, match="0.2s"):
