@@ -98,7 +98,7 @@ def bench_frozen_read(quick: bool) -> List[Row]:
                                "ratio": rc})]
 
 
-def _cas_worker(root: str, proc: int, n: int, durable: bool, start: "mp.synchronize.Event") -> None:
+def _cas_worker(root: str, proc: int, n: int, durable: bool, start: mp.synchronize.Event) -> None:
     store = casstore.open(root, durable=durable)
     d = store.put(b"x")
     start.wait()
@@ -107,7 +107,7 @@ def _cas_worker(root: str, proc: int, n: int, durable: bool, start: "mp.synchron
             m[f"p{proc}/k{i}"] = d
 
 
-def _bare_worker(path: str, proc: int, n: int, durable: bool, start: "mp.synchronize.Event") -> None:
+def _bare_worker(path: str, proc: int, n: int, durable: bool, start: mp.synchronize.Event) -> None:
     lock = filelock.FileLock(path + ".lock")
     digest = os.urandom(32)
     start.wait()
@@ -148,38 +148,39 @@ def _run_procs(target: object, arg: str, procs: int, n: int, durable: bool) -> f
     return time.perf_counter() - t0
 
 
+def _contended(procs: int, n: int, reps: int, durable: bool) -> Row:
+    with bench_dir("manifest-contended") as tmp:
+        counter = [0]
+        last: List[Path] = []
+
+        def cas(_r: int) -> Dict[str, float]:
+            counter[0] += 1
+            root = tmp / f"store{counter[0]}"
+            casstore.open(root, durable=durable)
+            last[:] = [root]
+            return {"total": _run_procs(_cas_worker, str(root), procs, n, durable)}
+
+        def ref(_r: int) -> Dict[str, float]:
+            counter[0] += 1
+            d = tmp / f"bare{counter[0]}"
+            d.mkdir()
+            return {"total": _run_procs(_bare_worker, str(d / "manifest.msgpack"), procs, n, durable)}
+
+        s = interleave([Case("ref", ref), Case("cas", cas)], reps)
+        keys = len(casstore.open(last[0]).manifest("shared"))
+    total = procs * n
+    label = "durable" if durable else "scratch (no fsync)"
+    log(f"contended {label}: keys in last casstore run {keys} (expected {total})")
+    return ratio_row(
+        f"{procs} procs x {n} one-key edits, {label} (ref: filelock + tmp + os.replace)",
+        total / median(s["cas"]["total"]), total / median(s["ref"]["total"]), "commits/s", min_ratio=0.5,
+        details={"cas": summary(s["cas"]["total"]), "ref": summary(s["ref"]["total"]), "keys_last": keys})
+
+
 def bench_contended(quick: bool) -> List[Row]:
     procs, n = 4, (100 if quick else 500)
-    rows: List[Row] = []
     reps = 3 if quick else 5
-    for durable in (True, False):
-        with bench_dir("manifest-contended") as tmp:
-            counter = [0]
-            last: List[Path] = []
-
-            def cas(_r: int) -> Dict[str, float]:
-                counter[0] += 1
-                root = tmp / f"store{counter[0]}"
-                casstore.open(root, durable=durable)
-                last[:] = [root]
-                return {"total": _run_procs(_cas_worker, str(root), procs, n, durable)}
-
-            def ref(_r: int) -> Dict[str, float]:
-                counter[0] += 1
-                d = tmp / f"bare{counter[0]}"
-                d.mkdir()
-                return {"total": _run_procs(_bare_worker, str(d / "manifest.msgpack"), procs, n, durable)}
-
-            s = interleave([Case("ref", ref), Case("cas", cas)], reps)
-            keys = len(casstore.open(last[0]).manifest("shared"))
-        total = procs * n
-        label = "durable" if durable else "scratch (no fsync)"
-        rows.append(ratio_row(
-            f"{procs} procs x {n} one-key edits, {label} (ref: filelock + tmp + os.replace)",
-            total / median(s["cas"]["total"]), total / median(s["ref"]["total"]), "commits/s", min_ratio=0.5,
-            details={"cas": summary(s["cas"]["total"]), "ref": summary(s["ref"]["total"]), "keys_last": keys}))
-        log(f"contended {label}: keys in last casstore run {keys} (expected {total})")
-    return rows
+    return [_contended(procs, n, reps, durable) for durable in (True, False)]
 
 
 SCENARIOS = [bench_commit, bench_frozen_read, bench_contended]

@@ -1,10 +1,11 @@
 """numpy adapter: arrays stored as ``.npy`` objects; bundles as manifests.
 
 An array object is exactly the ``.npy`` file ``np.save`` writes (format 1.0, or
-3.0 for non-latin-1 field names; dtype, shape and C/Fortran order kept), so ``np.load(store.path(d))`` works on it too, and its
-data starts 64-byte aligned.  ``get_array(d, mmap=True)`` memory-maps a raw
-object read-only with no copy (and no verification: hashing would read it
-all; run ``store.verify()`` or ``get_array(d)`` for that).
+3.0 for non-latin-1 field names; dtype, shape and C/Fortran order kept), so
+``np.load(store.path(d))`` works on it too, and its data starts 64-byte
+aligned.  ``get_array(d, mmap=True)`` memory-maps a raw object read-only with
+no copy (and no verification: hashing would read it all; run
+``store.verify()`` or ``get_array(d)`` for that).
 
 ``put_arrays({...})`` stores each array as an object and returns the digest of
 a manifest version (not a named head) mapping each name to its array;

@@ -28,7 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-import pytest
+try:  # the benchmarks reuse the server helpers without pytest installed
+    import pytest
+except ImportError:  # pragma: no cover
+    pytest = None  # type: ignore[assignment]
 
 ACCESS_KEY = "casstore-test-key"
 SECRET_KEY = "casstore-test-secret-0123456789"
@@ -306,6 +309,8 @@ def aws_env(tmp: Path) -> Dict[str, str]:
 
 # -- pytest fixtures (import them into each test_remote*.py module) ------------------
 
+_fixture: Any = pytest.fixture if pytest is not None else (lambda *a, **k: (lambda f: f))
+
 
 BUCKET = "casstore-tests"
 _saved_env: Dict[str, Optional[str]] = {}
@@ -336,7 +341,7 @@ def _restore_env() -> None:
 _env_users = 0
 
 
-@pytest.fixture(scope="session")
+@_fixture(scope="session")
 def aws_credentials() -> Any:
     """The test credentials in the environment (the usual AWS way), isolated from ~/.aws, for the session."""
     global _env_users
@@ -353,7 +358,7 @@ def aws_credentials() -> Any:
                 _restore_env()
 
 
-@pytest.fixture(scope="session")
+@_fixture(scope="session")
 def seaweed(aws_credentials: Any) -> Any:
     """The shared SeaweedFS server (one per test session, whichever module asks first)."""
     srv = acquire_shared()
@@ -368,7 +373,7 @@ def seaweed(aws_credentials: Any) -> Any:
         release_shared()
 
 
-@pytest.fixture
+@_fixture
 def remote_url(seaweed: SeaweedServer) -> str:
     """A fresh, empty prefix in the test bucket."""
     import uuid
@@ -376,7 +381,7 @@ def remote_url(seaweed: SeaweedServer) -> str:
     return f"s3://{BUCKET}/t-{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture
+@_fixture
 def remote(seaweed: SeaweedServer, remote_url: str) -> Any:
     """A casstore.Remote on a fresh prefix; multipart from 8 MiB so tests exercise it cheaply."""
     import casstore

@@ -23,6 +23,7 @@ import casstore
 from casstore.remote import add_remote, get_remote, load_remotes, remove_remote
 
 # Fixtures shared by every remote test module (one SeaweedFS server per session).
+aws_credentials = _seaweed.aws_credentials
 seaweed = _seaweed.seaweed
 remote = _seaweed.remote
 remote_url = _seaweed.remote_url

@@ -23,6 +23,7 @@ import casstore
 import casstore.remote as R
 
 # Fixtures shared by every remote test module (one SeaweedFS server per session).
+aws_credentials = _seaweed.aws_credentials
 seaweed = _seaweed.seaweed
 remote = _seaweed.remote
 remote_url = _seaweed.remote_url
@@ -137,7 +138,7 @@ def test_pull_killed_midway_leaves_only_whole_objects(tmp_path: Path, remote: ca
     make_head(a, 400, size=5000)
     a.push(remote, "h")
     b = casstore.open(tmp_path / "b")
-    kill_after(b, remote, seaweed.endpoint, "pull", "object-downloaded", 200)
+    kill_after(b, remote, seaweed.endpoint, "pull", "object-downloaded", 100)
     b = casstore.open(tmp_path / "b")  # opening sweeps the dead puller's staging files
     assert b.heads() == {}
     assert os.listdir(b.root / "tmp") == []

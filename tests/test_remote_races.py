@@ -23,6 +23,7 @@ from _seaweed import check_remote_consistent
 import casstore
 
 # Fixtures shared by every remote test module (one SeaweedFS server per session).
+aws_credentials = _seaweed.aws_credentials
 seaweed = _seaweed.seaweed
 remote = _seaweed.remote
 remote_url = _seaweed.remote_url
