@@ -192,17 +192,24 @@ def _download(store: Store, url: str, want_digest: Optional[Digest], want: Dict[
     st = store._stage("dl")
     got = 0
     attempt = 0
+    validator: Optional[str] = None  # ETag or Last-Modified of the first response
     bar = _Progress(f"fetch {url.rsplit('/', 1)[-1] or url}", None, progress)
     try:
         while True:
             try:
                 req = urllib.request.Request(url, headers={"User-Agent": "casstore"})
-                if got:
+                if got and validator is not None:
+                    # Resume only the same version of the resource: with If-Range a
+                    # server whose file changed answers 200 with all of it.
                     req.add_header("Range", f"bytes={got}-")
+                    req.add_header("If-Range", validator)
                 with urllib.request.urlopen(req, timeout=connect_timeout) as resp:
                     status = getattr(resp, "status", 200) or 200
-                    if got and status != 206:
-                        # The server ignored Range: start over.
+                    if validator is None:
+                        validator = resp.headers.get("ETag") or resp.headers.get("Last-Modified")
+                    crange = resp.headers.get("Content-Range", "")
+                    if got and (status != 206 or not crange.startswith(f"bytes {got}-")):
+                        # The server ignored Range (or resumed elsewhere): start over.
                         os.ftruncate(st.fd, 0)
                         os.lseek(st.fd, 0, os.SEEK_SET)
                         got = 0

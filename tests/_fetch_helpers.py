@@ -15,6 +15,7 @@ passes ``sys.path`` on to its children).
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import multiprocessing as mp
 import os
@@ -128,9 +129,13 @@ def _make_handler(state: Server) -> type:
                 self.send_error(503, "try again")
                 return
             data = route.data
+            etag = '"' + hashlib.sha256(data).hexdigest()[:16] + '"'
             start = 0
             status = 200
-            if route.ranges and req.range and req.range.startswith("bytes=") and req.range.endswith("-"):
+            # If-Range: resume only if the resource is still the version the client has.
+            same = self.headers.get("If-Range") in (None, etag)
+            if (route.ranges and same and req.range and req.range.startswith("bytes=")
+                    and req.range.endswith("-")):
                 start = int(req.range[len("bytes="):-1])
                 if start >= len(data):
                     req.status = 416
@@ -145,6 +150,7 @@ def _make_handler(state: Server) -> type:
             self.send_response(status)
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Content-Length", str(len(body)))
+            self.send_header("ETag", etag)
             self.send_header("Connection", "close")
             if route.ranges:
                 self.send_header("Accept-Ranges", "bytes")

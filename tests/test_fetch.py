@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -274,6 +275,24 @@ def test_dropped_connection_resumes_with_range(store: casstore.Store, server: Se
     m = store.manifest(f"_fetch/{_url_key(url)}")
     assert m.meta["sha256"] == hashlib.sha256(data).hexdigest()  # checksums span both parts
     assert tmp_names(store.root) == []
+
+
+def test_resume_refuses_to_splice_a_changed_resource(store: casstore.Store, server: Server) -> None:
+    """The file changes upstream between the dropped transfer and the retry: no splice."""
+    old, new = payload(1_000_000, seed=5), payload(1_000_000, seed=6)
+    url = server.add("/moving.bin", old, drop_first=1, ranges=True)
+    # Swap the content as soon as the first (dropped) request has been answered.
+    def swap() -> None:
+        server.wait_for(lambda: any(r.done for r in server.reqs("/moving.bin")), what="first request")
+        server.routes["/moving.bin"].data = new
+
+    t = threading.Thread(target=swap)
+    t.start()
+    d = store.fetch(url, retries=3)
+    t.join()
+    assert str(d) == b3(new) and store.get(d) == new  # the whole new version, not half of each
+    reqs = server.reqs("/moving.bin")
+    assert reqs[1].status == 200  # If-Range did not match: the server sent everything again
 
 
 def test_dropped_connection_without_range_support_restarts(store: casstore.Store, server: Server) -> None:
