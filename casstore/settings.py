@@ -85,6 +85,8 @@ def _parse(kind: str, value: Any, where: str) -> Any:
         if kind == "compression":
             from ._codec import normalize_compress
 
+            if isinstance(value, bool):  # compression = true / false in TOML
+                return "zstd" if value else "raw"
             v = str(value)
             normalize_compress(int(v) if v.isdigit() else v, 3)
             return v
