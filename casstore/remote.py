@@ -57,7 +57,7 @@ from typing import (
     Union,
 )
 
-from ._fs import Staging, syncfs, write_file_atomic
+from ._fs import Staging, fsync_dir, write_file_atomic
 from ._layout import LOCKS, RAW, TMP
 from ._lock import FileLock
 from .digest import Digest, hash_bytes
@@ -95,7 +95,6 @@ __all__ = [
 REMOTES_FILE = "remotes.toml"
 DEFAULT_WORKERS = 16
 MiB = 1 << 20
-_BATCH = 128  # pulled objects published per filesystem sync (each holds an open fd until then)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
 
@@ -253,7 +252,7 @@ class Remote:
 
     def _make_client(self) -> Any:
         try:
-            import boto3
+            import boto3  # noqa: F401 - the 's3' extra; fail here with an install hint
             from botocore.config import Config
             from botocore.exceptions import BotoCoreError
         except ImportError:
@@ -261,9 +260,7 @@ class Remote:
                 f"{self.describe()}: remotes need boto3; install it with pip install 'casstore[s3]'"
             ) from None
         try:
-            session = self._session
-            if session is None:
-                session = boto3.session.Session(profile_name=self.profile) if self.profile else boto3.session.Session()
+            session = self._session if self._session is not None else _default_session(self.profile)
             region = self.region or session.region_name or "us-east-1"
             kwargs: Dict[str, Any] = dict(
                 region_name=region,
@@ -284,7 +281,8 @@ class Remote:
                 kwargs.pop("request_checksum_calculation")
                 kwargs.pop("response_checksum_validation")
                 cfg = Config(**kwargs)
-            client = session.client("s3", endpoint_url=self.endpoint_url, config=cfg)
+            with _sessions_lock:  # a boto3 session is not thread-safe
+                client = session.client("s3", endpoint_url=self.endpoint_url, config=cfg)
         except BotoCoreError as e:
             raise self._translate(e, "connecting to", self.url) from None
         members = client.meta.service_model.operation_model("PutObject").input_shape.members
@@ -618,6 +616,25 @@ class Remote:
             raise self._translate(e, "downloading object", key) from None
         except BotoCoreError as e:
             raise self._translate(e, "downloading object", key) from None
+
+
+_sessions: Dict[Tuple[Optional[str], ...], Any] = {}
+_sessions_lock = threading.RLock()
+_SESSION_ENV = ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_DEFAULT_REGION")
+
+
+def _default_session(profile: Optional[str]) -> Any:
+    """A boto3 session per (profile, AWS environment), reused: a new one costs ~50 ms of model loading."""
+    import boto3
+
+    key = (profile, *(os.environ.get(k) for k in _SESSION_ENV))
+    with _sessions_lock:
+        s = _sessions.get(key)
+        if s is None:
+            s = boto3.session.Session(profile_name=profile) if profile else boto3.session.Session()
+            _sessions[key] = s
+        return s
 
 
 class _TooLarge(Exception):
@@ -977,28 +994,18 @@ def _run_parallel(fn: Callable[[Any], Any], items: Sequence[Any], on_done: Calla
     """Run ``fn`` over ``items`` on the pool; ``on_done(item, result)`` in this thread as each finishes.
 
     The first failure (or an interrupt) cancels what has not started, waits
-    for what has, cleans up the results nobody will consume (staged files)
-    and is raised.  Calls are bounded by the client's retries and timeouts.
+    for what has (each worker cleans up after itself) and is raised.  Calls
+    are bounded by the client's retries and timeouts.
     """
     futs: Dict[Future[Any], Any] = {executor.submit(fn, it): it for it in items}
-    consumed: Set[Future[Any]] = set()
     try:
         for f in as_completed(futs):
-            consumed.add(f)
             on_done(futs[f], f.result())  # raises the worker's exception
     except BaseException:
         for f in futs:
             f.cancel()
         wait(list(futs))
-        for f in futs:
-            if f not in consumed and not f.cancelled() and f.exception() is None:
-                _cleanup_result(f.result())
         raise
-
-
-def _cleanup_result(res: Any) -> None:
-    if isinstance(res, tuple) and res and isinstance(res[0], Staging):
-        res[0].abort()
 
 
 def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = False) -> TransferReport:
@@ -1114,23 +1121,42 @@ def _upload_object(store: Store, rem: Remote, d: Digest, size: int) -> int:
             with _NoSeek(store.open(d)) as f:  # the reader verifies at EOF, before the last part goes up
                 rem.upload_stream(d, f)
     else:
-        rem.put_bytes(d, store.get(d))
+        rem.put_bytes(d, _read_local(store, d))
     return size
+
+
+def _read_local(store: Store, d: Digest) -> bytes:
+    """A small local object's bytes, verified (inline hash: no helper thread for a few KiB)."""
+    path, codec = store._locate(d)
+    if codec != RAW:
+        return store.get(d)
+    with open(path, "rb", buffering=0) as f:
+        data = f.readall()
+    got = hash_bytes(data)
+    if got != d:
+        raise IntegrityError(
+            f"object {d} in the store at {store.root} is corrupt (hashes to {got}); not pushed. "
+            "Run `casstore verify --repair` and put the data again"
+        )
+    return data
 
 
 # -- pull -----------------------------------------------------------------------------
 
 
-_Staged = Optional[Tuple[Staging, Digest, str]]
+def _download(store: Store, rem: Remote, d: Digest, size_hint: Optional[int], dirs: Set[Path]) -> int:
+    """Download one object, verify it, then publish it; returns its size.
 
-
-def _download(store: Store, rem: Remote, d: Digest, size_hint: Optional[int]) -> _Staged:
-    """Download one object, verify it and stage it (not yet visible).
-
-    Returns the staging entry to publish, or ``None`` when the object was
-    already published (a large object compressed by ``put_path``).
+    The bytes are hashed before anything is written under ``objects/``: a
+    corrupt object raises :class:`IntegrityError` and leaves nothing behind.
+    A verified object is staged, fsynced (durable stores) and renamed into
+    place by this worker thread; the directories it lands in are added to
+    ``dirs`` and fsynced once per pull by :func:`_sync_dirs` (before any ref).
     """
+    from ._layout import object_path
+
     level = store._level_for(None)
+    durable = store.durable
     data: Optional[bytes] = None
     if size_hint is None or size_hint < rem.multipart_threshold:
         try:
@@ -1146,7 +1172,14 @@ def _download(store: Store, rem: Remote, d: Digest, size_hint: Optional[int]) ->
             raise _corrupt(rem, d, got, len(data))
         staged: List[Tuple[Staging, Digest, str]] = []
         store._write_buffer(d, memoryview(data), level, durable=False, defer=staged)
-        return staged[0]
+        st, _, codec = staged[0]
+        try:
+            store._publish(st, d, codec, durable=durable, sync_dir=False)
+        except BaseException:
+            st.abort()
+            raise
+        dirs.add(object_path(store.root, d, codec).parent)
+        return len(data)
     # Large: parallel ranged download into a staging file, then hash the staged bytes.
     from .store import _hash_fd
 
@@ -1160,13 +1193,28 @@ def _download(store: Store, rem: Remote, d: Digest, size_hint: Optional[int]) ->
         if got != d:
             raise _corrupt(rem, d, got, size)
         if level is not None:
-            store.put_path(st.path)  # compress as the store's default says (re-hashed, published)
+            store.put_path(st.path)  # compressed as the store's default says (re-hashed, durable)
             st.abort()
-            return None
-        return st, d, RAW
+            return size
+        store._publish(st, d, RAW, durable=durable, sync_dir=False)
+        dirs.add(object_path(store.root, d, RAW).parent)
+        return size
     except BaseException:
         st.abort()
         raise
+
+
+def _sync_dirs(store: Store, dirs: Set[Path], executor: Optional[ThreadPoolExecutor] = None) -> None:
+    """fsync each directory objects were renamed into (once), so the renames survive a power loss."""
+    if not store.durable or not dirs:
+        return
+    todo = sorted(dirs)
+    if executor is not None and len(todo) > 1:
+        list(executor.map(fsync_dir, todo))
+    else:
+        for d in todo:
+            fsync_dir(d)
+    dirs.clear()
 
 
 def _missing(rem: Remote, d: Digest) -> ObjectNotFoundError:
@@ -1181,40 +1229,6 @@ def _corrupt(rem: Remote, d: Digest, got: Digest, n: int) -> IntegrityError:
         f"{rem.describe()}: object {rem.s3_url(rem.object_key(d))} is corrupt: its {n} bytes hash to {got}, "
         f"not {d}; it was not stored. Delete that key and push the object again from a good copy"
     )
-
-
-class _Publisher:
-    """Publishes staged, verified objects in batches: one filesystem sync per batch (durable stores)."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.pending: List[Tuple[Staging, Digest, str]] = []
-
-    def add(self, item: _Staged) -> None:
-        if item is None:
-            return
-        self.pending.append(item)
-        if len(self.pending) >= _BATCH:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self.pending:
-            return
-        store = self.store
-        try:
-            if store.durable:
-                syncfs(store.root / TMP)
-            for st, d, codec in self.pending:
-                store._publish(st, d, codec, durable=False)
-            if store.durable:
-                syncfs(store.root / TMP)
-        finally:
-            self.abort()
-
-    def abort(self) -> None:
-        for st, _, _ in self.pending:
-            st.abort()
-        self.pending.clear()
 
 
 def _fetch_versions(store: Store, rem: Remote, d: Digest, *, history: bool) -> None:
@@ -1284,25 +1298,24 @@ def pull(store: Store, remote: Union[Remote, str], *names: str, merge: Union[boo
         content.pop(v, None)
     missing = [d for d in content if not store._exists(d)]
     report.present = len(content) - len(missing)
-    # 2. Objects, in parallel, each verified before it is staged; published in synced batches.
+    # 2. Objects, in parallel, each verified before it is written; then their directories synced.
     known = sum(s for d in missing if (s := content[d]) is not None)
     bar = _progress(known, f"pull {rem.name or rem.url}", rem.progress)
-    pub = _Publisher(store)
+    dirs: Set[Path] = set()
     try:
         with ThreadPoolExecutor(rem.workers, thread_name_prefix="casstore-pull") as ex:
-            def stored(d: Digest, item: _Staged) -> None:
-                pub.add(item)
-                n = content[d] or 0
+            def stored(d: Digest, n: int) -> None:
                 report.objects += 1
                 report.bytes += n
                 bar.update(n)
                 _fault("object-downloaded")
 
-            _run_parallel(lambda d: _download(store, rem, d, content[d]),
-                          sorted(missing, key=lambda d: -(content[d] or 0)), stored, ex)
-        pub.flush()
+            try:
+                _run_parallel(lambda d: _download(store, rem, d, content[d], dirs),
+                              sorted(missing, key=lambda d: -(content[d] or 0)), stored, ex)
+            finally:
+                _sync_dirs(store, dirs, ex)  # what did arrive stays, durably
     finally:
-        pub.abort()
         bar.close()
     # 3. Local refs last.
     _fault("before-refs")
@@ -1378,20 +1391,16 @@ def fetch_object(store: Store, digest: Union[Digest, str], *, remotes: Optional[
     rems = [_as_remote(store, r) for r in (remotes if remotes is not None else sorted(load_remotes(store)))]
     errors: List[str] = []
     for rem in rems:
+        dirs: Set[Path] = set()
         try:
-            item = _download(store, rem, d, None)
+            _download(store, rem, d, None, dirs)
         except ObjectNotFoundError:
             errors.append(f"not on {rem.describe()}")
             continue
         except BackendError as e:
             errors.append(str(e))
             continue
-        pub = _Publisher(store)
-        try:
-            pub.add(item)
-            pub.flush()
-        finally:
-            pub.abort()
+        _sync_dirs(store, dirs)
         return store.get(d, verify=verify)
     tried = "; ".join(errors) or "no remotes configured"
     raise ObjectNotFoundError(f"object {d} is not in the store at {store.root} and no remote has it ({tried})")
