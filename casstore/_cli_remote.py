@@ -86,6 +86,15 @@ def cmd_remote_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_remote_check(args: argparse.Namespace) -> int:
+    from .remote import get_remote
+
+    rem = get_remote(_store(args, create=False), args.name)
+    rem.check()
+    print(f"{rem.describe()}: create-only writes (If-None-Match: *) and compare-and-swap (If-Match) work")
+    return 0
+
+
 def cmd_push(args: argparse.Namespace) -> int:
     store = _store(args, create=False)
     rem = _remote(store, args)
@@ -120,7 +129,7 @@ def _print_report(report: Any, args: argparse.Namespace) -> None:
 
 def register(add: Callable[[str, Callable[[argparse.Namespace], int], str], argparse.ArgumentParser]) -> None:
     """Add the remote subcommands to the ``casstore`` parser."""
-    sp = add("remote", lambda a: _usage(sp), "configure remotes on S3-compatible object stores (add, ls, rm)")
+    sp = add("remote", lambda a: _usage(sp), "configure remotes on S3-compatible object stores (add, ls, check, rm)")
     rsub = sp.add_subparsers(dest="remote_command", metavar="ACTION")
     rp = rsub.add_parser("add", help="record remote NAME at URL (s3://bucket/prefix) in the store's remotes.toml")
     rp.add_argument("name")
@@ -136,6 +145,9 @@ def register(add: Callable[[str, Callable[[argparse.Namespace], int], str], argp
     rp.add_argument("--objects", action="store_true", help="also count the remote's objects and bytes")
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(func=cmd_remote_ls)
+    rp = rsub.add_parser("check", help="check that remote NAME's server honours create-only and CAS writes")
+    rp.add_argument("name")
+    rp.set_defaults(func=cmd_remote_check)
     rp = rsub.add_parser("rm", help="forget remote NAME (the remote itself is untouched)")
     rp.add_argument("name")
     rp.set_defaults(func=cmd_remote_rm)

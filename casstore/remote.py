@@ -376,6 +376,57 @@ class Remote:
         except BotoCoreError as e:
             raise self._translate(e, "creating bucket", self.url) from None
 
+    def check(self) -> Dict[str, bool]:
+        """Probe that the server honours the conditional writes casstore relies on; raise if not.
+
+        Writes a scratch key under ``<prefix>tmp/``: a create-only PUT must
+        succeed once and then be refused (412), a PUT with a wrong ``If-Match``
+        must be refused, one with the right ETag must succeed.  The key is
+        deleted afterwards.  Run once when setting a remote up
+        (``casstore remote check NAME``): a server that silently ignores these
+        headers would let a racing push overwrite a ref.
+        """
+        import uuid
+
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        key = f"{self.prefix}tmp/casstore-check-{uuid.uuid4().hex}"
+        c = self.client
+        out = {"create_only": False, "compare_and_swap": False}
+
+        def put(**cond: Any) -> Optional[str]:
+            try:
+                r = c.put_object(Bucket=self.bucket, Key=key, Body=os.urandom(16), **cond)
+                return str(r["ETag"])
+            except ClientError as e:
+                if _is_precondition_failed(e):
+                    return None
+                raise
+
+        try:
+            etag = put(IfNoneMatch="*")
+            if etag is None:
+                raise BackendError(f"{self.describe()}: a create-only PUT of a new key {key} was refused")
+            out["create_only"] = put(IfNoneMatch="*") is None
+            stale = put(IfMatch='"00000000000000000000000000000000"') is None
+            out["compare_and_swap"] = stale and put(IfMatch=etag) is not None
+        except (BotoCoreError, ClientError) as e:
+            raise self._translate(e, "checking conditional writes on", key) from None
+        finally:
+            try:
+                c.delete_object(Bucket=self.bucket, Key=key)
+            except Exception:  # best effort: a leftover probe key is harmless
+                pass
+        missing = [k for k, ok in out.items() if not ok]
+        if missing:
+            names = {"create_only": "If-None-Match: * (create-only)", "compare_and_swap": "If-Match (compare-and-swap)"}
+            what = " and ".join(names[k] for k in missing)
+            raise BackendError(
+                f"{self.describe()}: the server ignores {what} on PutObject, so concurrent pushes could lose "
+                "versions; use a server release that supports conditional writes (see docs/remotes.md)"
+            )
+        return out
+
     # -- refs --
 
     def read_ref(self, kind: str, name: str) -> Optional[Tuple[Digest, str]]:

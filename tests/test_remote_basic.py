@@ -227,6 +227,14 @@ def test_objects_are_create_only(seaweed: Any, remote: casstore.Remote) -> None:
     assert client.get_object(Bucket=BUCKET, Key=keyb)["Body"].read() == b"short"
 
 
+def test_server_check_probes_conditional_writes(remote: casstore.Remote, seaweed: Any) -> None:
+    assert remote.check() == {"create_only": True, "compare_and_swap": True}
+    assert remote_listing(seaweed.client(), remote.url) == {}  # the probe key is gone
+    remote.requests.clear()
+    remote.check()
+    assert remote.requests["PutObject"] == 4 and remote.requests["DeleteObject"] == 1
+
+
 def test_ref_compare_and_swap(remote: casstore.Remote) -> None:
     d1, d2, d3 = (casstore.Digest.of(x) for x in (b"1", b"2", b"3"))
     assert remote.read_ref("heads", "x") is None
@@ -438,6 +446,8 @@ def test_cli_remote_push_pull(tmp_path: Path, remote_url: str, seaweed: Any) -> 
     assert doc["pins"] == {"exp": str(sa.pins()["exp"])} and doc["objects"] == 5
     r = _cli(a, "remote", "ls")
     assert r.stdout.startswith("origin\t" + remote_url)
+    r = _cli(a, "remote", "check", "origin")
+    assert "compare-and-swap (If-Match) work" in r.stdout
     r = _cli(b, "pull", "origin", "exp", "--json")
     assert json.loads(r.stdout)["refs"] == {"pins/exp": "created"}
     assert casstore.open(b).pins() == sa.pins()
