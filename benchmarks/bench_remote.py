@@ -56,6 +56,7 @@ class _Server:
 
     @classmethod
     def get(cls) -> Any:
+        """The server (started on first use)."""
         if cls.srv is None:
             import _seaweed
 
@@ -67,6 +68,7 @@ class _Server:
 
     @classmethod
     def stop(cls) -> None:
+        """Stop the server if it runs."""
         if cls.srv is not None:
             cls.srv.stop()
             cls.srv = None
@@ -216,11 +218,13 @@ def _transfer_rows(label: str, n: int, size: int, reps: int, tmp: Path) -> List[
 
 
 def bench_transfer_1mib(quick: bool) -> List[Row]:
+    """Push and pull of 100 x 1 MiB objects."""
     with bench_dir("remote-1m") as tmp:
         return _transfer_rows("100 x 1 MiB", 30 if quick else 100, MiB, 2 if quick else 5, tmp)
 
 
 def bench_transfer_4kib(quick: bool) -> List[Row]:
+    """Push and pull of 1,000 x 4 KiB objects."""
     with bench_dir("remote-4k") as tmp:
         return _transfer_rows("1,000 x 4 KiB", 300 if quick else 1000, 4096, 2 if quick else 5, tmp)
 

@@ -30,6 +30,7 @@ def _remote(store: Any, args: argparse.Namespace) -> Any:
 
 
 def cmd_remote_add(args: argparse.Namespace) -> int:
+    """``casstore remote add NAME URL``: record a remote in the store's remotes.toml."""
     from .remote import add_remote
 
     store = _store(args)
@@ -42,6 +43,7 @@ def cmd_remote_add(args: argparse.Namespace) -> int:
 
 
 def cmd_remote_rm(args: argparse.Namespace) -> int:
+    """``casstore remote rm NAME``: forget a remote."""
     from .remote import remove_remote
 
     remove_remote(_store(args, create=False), args.name)
@@ -49,6 +51,7 @@ def cmd_remote_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_remote_ls(args: argparse.Namespace) -> int:
+    """``casstore remote ls [NAME]``: configured remotes, or one remote's pins and heads."""
     from .remote import get_remote, load_remotes
 
     store = _store(args, create=False)
@@ -87,6 +90,7 @@ def cmd_remote_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_remote_check(args: argparse.Namespace) -> int:
+    """``casstore remote check NAME``: probe the server's conditional writes."""
     from .remote import get_remote
 
     rem = get_remote(_store(args, create=False), args.name)
@@ -96,6 +100,7 @@ def cmd_remote_check(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
+    """``casstore push NAME [PIN|HEAD...]``."""
     store = _store(args, create=False)
     rem = _remote(store, args)
     report = store.push(rem, *args.names, force=args.force)
@@ -104,6 +109,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    """``casstore pull NAME [PIN|HEAD...]``."""
     store = _store(args)
     rem = _remote(store, args)
     merge: Any = True

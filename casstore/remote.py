@@ -30,7 +30,6 @@ local refs last.  Remote settings of a store live in ``<root>/remotes.toml``.
 
 from __future__ import annotations
 
-import importlib
 import io
 import json
 import os
@@ -60,6 +59,7 @@ from typing import (
 from ._fs import Staging, fsync_dir, write_file_atomic
 from ._layout import LOCKS, RAW, TMP
 from ._lock import FileLock
+from ._progress import Progress
 from .digest import Digest, hash_bytes
 from .errors import (
     BackendError,
@@ -108,21 +108,9 @@ def _fault(point: str) -> None:
         _fault_hook(point)
 
 
-def _progress(total: int, desc: str, enabled: Optional[bool]) -> Any:
-    """A byte progress bar on stderr (terminals only unless ``enabled``); see casstore._progress."""
-    try:
-        mod = importlib.import_module("casstore._progress")
-        return mod.Progress(total, desc=desc, unit="B", enabled=enabled)
-    except ImportError:  # pragma: no cover - _progress ships with casstore
-        return _NoProgress()
-
-
-class _NoProgress:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+def _progress(total: int, desc: str, enabled: Optional[bool]) -> Progress:
+    """A byte progress bar on stderr (only when it is a terminal, unless ``enabled``)."""
+    return Progress(total, desc=desc, unit="B", enabled=enabled)
 
 
 # -- the remote -----------------------------------------------------------------

@@ -114,16 +114,20 @@ class SeaweedServer:
 
     @property
     def master(self) -> str:
+        """The master's address."""
         return f"127.0.0.1:{self.base}"
 
     def client(self) -> Any:
+        """A boto3 S3 client with the test credentials."""
         return s3_client(self.endpoint)
 
     def ports(self) -> List[int]:
+        """Every TCP port the processes listen on (HTTP and gRPC)."""
         offs = list(_MINI_OFFSETS) + [2 + i for i in range(len(self.volumes))]
         return [self.base + o for o in offs] + [self.base + o + _GRPC for o in offs]
 
     def log_tail(self, n: int = 30) -> str:
+        """The last lines of every process log (for error messages)."""
         out = []
         for p in self.logs:
             try:
