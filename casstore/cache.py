@@ -68,7 +68,7 @@ from .errors import (
     StoreFormatError,
 )
 from .refs import validate_name
-from .store import Store, _hash_fd, open_store
+from .store import Store, open_store
 
 if TYPE_CHECKING:
     import numpy as np  # imported where needed: ``import casstore`` stays numpy-free
@@ -100,6 +100,7 @@ _INDEX_MAGIC = b"CSICLIVE"
 _INDEX_HEADER = struct.Struct("<8sIIQQQI20x")
 _FLAGS_AT, _TOTAL_AT, _COUNT_AT, _NEXT_AT = 12, 24, 32, 40
 _FROZEN_FLAG = 1
+_DIRTY_FLAG = 2  # a commit is in progress; if its writer died, the next lock holder recounts
 _SLOT = struct.Struct("<QQQQ")  # offset, end offset, checksum, meta = tag << 32 | file << 8 | flags
 _SLOT28 = struct.Struct("<QQQI")
 _U32 = struct.Struct("<I")
@@ -111,6 +112,7 @@ _MISSING_SUM = (1 << 64) - 1  # checksum field of an absent index in a frozen ta
 _SMALL = 64 << 10  # records up to this size use CRC-32, larger ones BLAKE3-64
 _MT = 1 << 20  # BLAKE3 uses its thread pool from this size
 _COPY_BUF = 8 << 20
+_HASH_WINDOW = 64 << 20
 _M32 = 0xFFFFFFFF
 _M64 = (1 << 64) - 1
 _K = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5, 0xFF51AFD7ED558CCD)
@@ -148,10 +150,40 @@ def _tags_np(i: np.ndarray, off: np.ndarray, end: np.ndarray, s: np.ndarray, lo:
     return t
 
 
+# blake3's thread pool (max_threads=AUTO) is not fork-safe: in a child forked after the parent
+# used it, a threaded update never returns.  DataLoader workers are such children, so a forked
+# process hashes on its own thread only.
+_forked = False
+
+
+def _mark_forked() -> None:
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_mark_forked)
+
+
+def _hasher(n: int) -> Any:
+    return blake3.blake3(max_threads=blake3.blake3.AUTO) if n >= _MT and not _forked else blake3.blake3()
+
+
 def _b3_64(buf: Any, n: int) -> int:
-    h = blake3.blake3(max_threads=blake3.blake3.AUTO) if n >= _MT else blake3.blake3()
+    h = _hasher(n)
     h.update(buf)
     return int.from_bytes(h.digest(length=8), "little")
+
+
+def _hash_file(fd: int, size: int) -> Digest:
+    """BLAKE3-256 of a whole file through bounded mmap windows (fork-safe, unlike a pooled hasher)."""
+    h = _hasher(size)
+    off = 0
+    while off < size:
+        n = min(_HASH_WINDOW, size - off)
+        with mmap.mmap(fd, n, prot=mmap.PROT_READ, offset=off) as mm:
+            h.update(mm)
+        off += n
+    return Digest(h.hexdigest())
 
 
 def _sum_of(buf: Any, n: int) -> Tuple[int, int]:
@@ -507,11 +539,14 @@ class IndexCache:
                 if mb is not None and total + n > mb:
                     return False
                 lo = fl | (p.wno << 8)
+                mm[_FLAGS_AT] |= _DIRTY_FLAG
                 _SLOT28.pack_into(mm, base, off, off + n, s, lo)
                 _fault("put:torn-slot")
                 _U32.pack_into(mm, base + 28, _tag(i, off, off + n, s, lo))  # the slot is valid from here
+                _fault("put:after-slot")
                 _U64.pack_into(mm, _TOTAL_AT, total + n)
                 _U64.pack_into(mm, _COUNT_AT, _U64.unpack_from(mm, _COUNT_AT)[0] + 1)
+                mm[_FLAGS_AT] &= ~_DIRTY_FLAG
             finally:
                 fcntl.flock(p.lock_fd, fcntl.LOCK_UN)
         return True
@@ -589,9 +624,28 @@ class IndexCache:
             p.lock_fd = os.open(self._lock_path(), os.O_RDWR | os.O_CLOEXEC)
         try:
             fcntl.flock(p.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
         except BlockingIOError:
-            pass
+            self._lock_wait(p)
+        if self._imm[_FLAGS_AT] & _DIRTY_FLAG:
+            self._recount()
+
+    def _recount(self) -> None:
+        """A writer died mid-commit (caller holds the lock): recount records and bytes from the slots."""
+        import numpy as np
+
+        mm = self._imm
+        raw = np.frombuffer(mm, dtype=np.dtype(_SLOT_FIELDS), count=self.length, offset=_HDR).copy()
+        off, end, s, meta = raw["off"], raw["end"], raw["sum"], raw["meta"]
+        lo = meta & np.uint64(_M32)
+        idx = np.arange(self.length, dtype=np.uint64)
+        valid = (((lo & np.uint64(_PRESENT)) != 0) & ((meta >> np.uint64(32)) == _tags_np(idx, off, end, s, lo))
+                 & (end >= off))
+        _U64.pack_into(mm, _TOTAL_AT, int((end[valid] - off[valid]).sum()))
+        _U64.pack_into(mm, _COUNT_AT, int(valid.sum()))
+        mm[_FLAGS_AT] &= ~_DIRTY_FLAG
+        log.info("index cache %s: a writer died mid-put; recounted %d records", self._dir, int(valid.sum()))
+
+    def _lock_wait(self, p: _Proc) -> None:
         # Contended: the holder keeps it for a few microseconds, so yield first, then
         # back off; give up after lock_timeout (a live holder stopped by a debugger).
         start = time.monotonic()
@@ -862,7 +916,7 @@ class IndexCache:
         try:
             size = os.fstat(fd).st_size
             if whole is not None:
-                got = _hash_fd(fd, size)
+                got = _hash_file(fd, size)
                 if got != whole:
                     raise IntegrityError(
                         f"{what} is corrupt: object {whole} hashes to {got} (file {path}); "
@@ -934,7 +988,7 @@ class IndexCache:
         assert self._fpath is not None
         d = self.digest
         if d is None:
-            d = self.store._adopt_file(self._fpath, link=True)
+            d = self.store._adopt_file(self._fpath, link=True, hash_fd=_hash_file)
         _fault("preserve:after-object")
         size = os.fstat(self._ffd).st_size
         meta = {"kind": KIND, "length": self.length, "format": FORMAT}
@@ -958,20 +1012,28 @@ class IndexCache:
         """Number of indices that have a record."""
         if self._fq is not None:
             return self._fcount
-        mm = self._imm
-        if mm is None:
-            raise self._closed_error()
-        return int(_U64.unpack_from(mm, _COUNT_AT)[0])
+        return int(_U64.unpack_from(self._settled(), _COUNT_AT)[0])
 
     @property
     def nbytes(self) -> int:
         """Payload bytes stored (the sum of the records' lengths)."""
         if self._fq is not None:
             return self._ftotal
+        return int(_U64.unpack_from(self._settled(), _TOTAL_AT)[0])
+
+    def _settled(self) -> Any:
+        """The live index map, its counters exact: a writer that died mid-put is accounted for."""
         mm = self._imm
         if mm is None:
             raise self._closed_error()
-        return int(_U64.unpack_from(mm, _TOTAL_AT)[0])
+        if mm[_FLAGS_AT] & _DIRTY_FLAG:
+            p = self._proc
+            if p.pid != os.getpid():
+                p = self._after_fork()
+            with p.tlock:
+                self._lock(p)  # recounts if the commit's writer is dead
+                fcntl.flock(p.lock_fd, fcntl.LOCK_UN)
+        return mm
 
     @property
     def path(self) -> Optional[Path]:
@@ -1010,7 +1072,7 @@ class IndexCache:
                 raise IntegrityError(f"index cache {self._dir}: records {bad[:10]} are corrupt; create a new cache")
             return self.count
         if self.digest is not None:
-            got = _hash_fd(self._ffd, os.fstat(self._ffd).st_size)
+            got = _hash_file(self._ffd, os.fstat(self._ffd).st_size)
             if got != self.digest:
                 raise IntegrityError(f"index cache object {self.digest} is corrupt: it hashes to {got} "
                                      f"(file {self._fpath})")

@@ -911,7 +911,8 @@ class Store:
 
         return fetch_object(self, digest, remotes=remotes, verify=verify)
 
-    def _adopt_file(self, path: PathLike, *, link: bool = False) -> Digest:
+    def _adopt_file(self, path: PathLike, *, link: bool = False,
+                    hash_fd: Optional[Any] = None) -> Digest:
         """Make a finished file in this store's ``tmp/`` an object without copying it; return its digest.
 
         The file is hashed through mmap windows while a helper thread fsyncs it
@@ -919,7 +920,9 @@ class Store:
         the temp name stays valid for whoever still reads it) or renamed into
         ``objects/``, and the directory is fsynced.  If the object exists already
         nothing is published (dedupe).  The caller must never change the file
-        again.  Where hard links are refused the bytes are copied instead.  Used by
+        again.  Where hard links are refused the bytes are copied instead.  ``hash_fd(fd,
+        size) -> Digest`` replaces the default hasher (IndexCache passes a fork-safe one: blake3's
+        thread pool hangs in a child forked after its parent used it).  Used by
         ``IndexCache.preserve`` (casstore/cache.py).
         """
         from ._fs import _makedirs
@@ -939,7 +942,7 @@ class Store:
                 th = threading.Thread(target=sync, name="casstore-fsync")
                 th.start()
             try:
-                d = _hash_fd(fd, size)
+                d = (hash_fd or _hash_fd)(fd, size)
             finally:
                 if th is not None:
                     th.join()

@@ -1,0 +1,351 @@
+"""IndexCache across real processes: concurrent writers (fork and spawn), SIGKILL mid-put and
+mid-preserve, sweeping dead writers' directories, and lock-free frozen reads.
+
+Workers are module-level functions so that spawned children can import them.
+Crash points are reached with ``casstore.cache._fault_hook`` set *in the child*,
+which then SIGKILLs itself; other tests kill a busy child at a random moment.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, List, Optional, Sequence
+
+import blake3
+import pytest
+
+import casstore
+import casstore.cache as cache_mod
+from casstore._lock import FileLock
+from casstore.cache import IndexCache
+
+METHODS = ["fork", "spawn"]
+JOIN = 60.0
+
+
+def payload(i: int) -> bytes:
+    n = (i * 7919) % 2500 if i % 53 else 70_000 + i  # mostly CRC-32 records, some BLAKE3-64 ones
+    return blake3.blake3(b"mp%d" % i).digest(length=n)
+
+
+def _join(ps: Sequence[Any]) -> None:
+    for p in ps:
+        p.join(JOIN)
+        assert not p.is_alive(), f"worker {p.pid} hung"
+
+
+def _kill_self_at(point: str) -> None:
+    def hook(p: str) -> None:
+        if p == point:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    cache_mod._fault_hook = hook
+
+
+def icache_dirs(root: Path) -> List[str]:
+    return sorted(n for n in os.listdir(root / "tmp") if n.endswith(".icache"))
+
+
+# -- workers -----------------------------------------------------------------
+
+
+def _writer(cache: IndexCache, indices: List[int], barrier: Any, out: Any) -> None:
+    barrier.wait(JOIN)
+    won = [i for i in indices if cache.put(i, payload(i))]
+    out.put(won)
+    cache.close()  # a worker's close never removes the creator's directory
+
+
+def _freezer(cache: IndexCache, out: Any) -> None:
+    cache.freeze()
+    out.put(cache.count)
+
+
+def _put_and_die(cache: IndexCache, point: str, i: int) -> None:
+    cache.put(i - 1, payload(i - 1))  # completes
+    _kill_self_at(point)
+    cache.put(i, payload(i))
+    os._exit(3)  # not reached: the hook kills us
+
+
+def _busy_writer(cache: IndexCache, started: Any) -> None:
+    started.set()
+    for i in range(cache.length):
+        cache.put(i, payload(i))
+    os._exit(0)
+
+
+def _own_cache_then_die(root: str, out: Any) -> None:
+    store = casstore.open(root)
+    c = IndexCache(store, 10)
+    c.put(1, b"one")
+    out.put(str(c._dir))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _preserve_and_die(root: str, point: Optional[str], name: str, n: int, size: int, ready: Any) -> None:
+    store = casstore.open(root)
+    c = IndexCache(store, n)
+    for i in reversed(range(n)):  # out of order: freeze must compact (the slow path)
+        c.put(i, blake3.blake3(b"big%d" % i).digest(length=size))
+    if point:
+        _kill_self_at(point)
+    ready.set()
+    c.preserve(name)
+    os._exit(0 if point is None else 3)
+
+
+def _hold_locks(paths: List[str], ready: Any, stop: Any) -> None:
+    fds = []
+    for p in paths:
+        fd = os.open(p, os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        fds.append(fd)
+    ready.set()
+    stop.wait(JOIN)
+
+
+def _read_all(cache: Any, root: Optional[str], name: Optional[str], n: int, out: Any) -> None:
+    c = IndexCache.open(root, name) if cache is None else cache  # type: ignore[arg-type]
+    t0 = time.monotonic()
+    ok = all(c.get(i) == payload(i) for i in range(n))
+    out.put((ok, time.monotonic() - t0))
+
+
+# -- tests -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_four_workers_put_disjoint_and_overlapping(store: casstore.Store, method: str) -> None:
+    ctx = mp.get_context(method)
+    n = 3000
+    c = IndexCache(store, n)
+    plans = [list(range(0, 1200)), list(range(800, 2000)), list(range(2999, 1599, -1)),
+             list(range(n - 1, -1, -3))]
+    barrier = ctx.Barrier(len(plans))
+    out = ctx.Queue()
+    ps = [ctx.Process(target=_writer, args=(c, plan, barrier, out)) for plan in plans]
+    for p in ps:
+        p.start()
+    wins = Counter(i for _ in ps for i in out.get(timeout=JOIN))
+    _join(ps)
+    assert [p.exitcode for p in ps] == [0, 0, 0, 0]
+    assert wins == Counter(range(n))  # every index stored exactly once, by exactly one winner
+    assert c._dir is not None and c._dir.exists()  # the workers did not delete the creator's files
+    assert c.count == n
+    assert all(c.get(i) == payload(i) for i in range(n))
+    c.freeze()
+    assert all(c.get(i) == payload(i) for i in range(n))
+    c.preserve(f"mp-{method}")
+    o = IndexCache.open(store, f"mp-{method}")
+    assert all(o.get(i) == payload(i) for i in range(n))
+
+
+def test_a_worker_can_freeze_for_everyone(store: casstore.Store) -> None:
+    ctx = mp.get_context("spawn")
+    c = IndexCache(store, 100)
+    for i in range(0, 100, 3):
+        c.put(i, payload(i))
+    out = ctx.Queue()
+    p = ctx.Process(target=_freezer, args=(c, out))
+    p.start()
+    assert out.get(timeout=JOIN) == 34
+    _join([p])
+    assert c.frozen
+    with pytest.raises(casstore.FrozenError):
+        c.put(1, b"late")
+    assert [c.get(i) for i in range(100)] == [payload(i) if i % 3 == 0 else None for i in range(100)]
+    assert c.path is not None and c.path.name == "frozen"
+    c.preserve("frozen-by-worker")
+    assert IndexCache.open(store, "frozen-by-worker").count == 34
+
+
+@pytest.mark.parametrize("point,method", [("put:after-data", "fork"), ("put:torn-slot", "fork"),
+                                          ("put:torn-slot", "spawn"), ("put:after-slot", "fork")])
+def test_sigkill_mid_put_leaves_no_record_and_a_usable_cache(store: casstore.Store, point: str,
+                                                              method: str) -> None:
+    ctx = mp.get_context(method)
+    c = IndexCache(store, 20, lock_timeout=5.0)
+    c.put(0, payload(0))
+    p = ctx.Process(target=_put_and_die, args=(c, point, 7))
+    p.start()
+    _join([p])
+    assert p.exitcode == -signal.SIGKILL
+    base = 64 + 32 * 7
+    slot = c._imm[base:base + 32]
+    if point == "put:after-slot":  # killed after the slot was complete, before the counters
+        assert 7 in c and c.get(7) == payload(7)  # the full record
+        assert c.put(7, b"other") is False  # usable: the dead holder's lock was released by the kernel
+        assert c.count == 3 and c.nbytes == sum(len(payload(i)) for i in (0, 6, 7))  # recounted
+    else:
+        if point == "put:torn-slot":
+            assert slot[:28] != bytes(28) and slot[28:] == bytes(4)  # really torn: fields written, no tag
+        else:
+            assert slot == bytes(32)
+        assert 7 not in c and c.get(7) is None  # the index has no record, not a partial one
+        assert c.put(7, payload(7)) is True  # usable: the dead holder's lock was released by the kernel
+        assert c.count == 3 and c.nbytes == sum(len(payload(i)) for i in (0, 6, 7))
+    assert c.get(6) == payload(6) and c.get(0) == payload(0)
+    assert c.get(7) == payload(7)
+    c.freeze()
+    assert [c.get(i) for i in (0, 6, 7, 8)] == [payload(0), payload(6), payload(7), None]
+    assert c.verify() == 3
+    assert store.pins() == {}  # no named cache without a completed preserve
+
+
+def test_sigkill_a_busy_writer_at_random_moments(store: casstore.Store) -> None:
+    ctx = mp.get_context("fork")
+    rng = random.Random(5)
+    partial = 0
+    for trial in range(5):
+        c = IndexCache(store, 20_000, lock_timeout=5.0)
+        started = ctx.Event()
+        p = ctx.Process(target=_busy_writer, args=(c, started))
+        p.start()
+        assert started.wait(JOIN)
+        time.sleep(rng.uniform(0.02, 0.12))
+        os.kill(p.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        _join([p])
+        got = [c.get(i) for i in range(c.length)]
+        assert all(g is None or g == payload(i) for i, g in enumerate(got)), f"trial {trial}: damaged record"
+        present = sum(g is not None for g in got)
+        assert c.count == present
+        partial += 0 < present < c.length
+        for i, g in enumerate(got):  # the cache stays usable: fill in what is missing
+            if g is None:
+                assert c.put(i, payload(i))
+        c.freeze()
+        assert c.verify() == c.length
+        c.close()
+    assert partial >= 3  # the kills really landed mid-run
+    assert store.pins() == {}
+    assert icache_dirs(store.root) == []
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_dead_owners_directory_is_swept(store: casstore.Store, method: str) -> None:
+    ctx = mp.get_context(method)
+    mine = IndexCache(store, 5)
+    out = ctx.SimpleQueue()  # written synchronously: the child dies right after
+    p = ctx.Process(target=_own_cache_then_die, args=(str(store.root), out))
+    p.start()
+    dead_dir = Path(out.get())
+    _join([p])
+    assert dead_dir.exists()
+    assert mine._dir is not None
+    removed = store.sweep_tmp()
+    assert dead_dir in removed and not dead_dir.exists()
+    assert mine._dir.exists() and mine.put(0, b"still mine")  # a live owner's cache is never swept
+    casstore.open(store.root)  # opening a store sweeps too
+    assert mine._dir.exists()
+
+
+@pytest.mark.parametrize("point", ["freeze:built", "preserve:after-freeze", "preserve:after-object",
+                                   "preserve:after-manifest"])
+def test_sigkill_during_preserve_at_each_step(store: casstore.Store, point: str) -> None:
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    p = ctx.Process(target=_preserve_and_die, args=(str(store.root), point, "keep", 40, 3000, ready))
+    p.start()
+    _join([p])
+    assert p.exitcode == -signal.SIGKILL
+    assert "keep" not in store.pins()
+    with pytest.raises(casstore.ObjectNotFoundError):
+        IndexCache.open(store, "keep")
+    assert store.sweep_tmp() and icache_dirs(store.root) == []  # the dead writer's files go
+    # A new run preserves under the same name; leftovers (an unpinned object) do not get in the way.
+    c = IndexCache(store, 40)
+    for i in range(40):
+        c.put(i, blake3.blake3(b"big%d" % i).digest(length=3000))
+    d = c.preserve("keep")
+    assert IndexCache.open(store, "keep").get(39) == blake3.blake3(b"big39").digest(length=3000)
+    assert store.manifest("keep").meta["length"] == 40 and store.contains(d)
+
+
+def test_sigkill_during_preserve_at_random_moments(store: casstore.Store) -> None:
+    ctx = mp.get_context("fork")
+    rng = random.Random(11)
+    n, size = 48, 1 << 20
+    outcomes = []
+    took = 0.0
+    for trial in range(5):
+        name = f"big-{trial}"
+        ready = ctx.Event()
+        p = ctx.Process(target=_preserve_and_die, args=(str(store.root), None, name, n, size, ready))
+        p.start()
+        assert ready.wait(JOIN)
+        t0 = time.monotonic()
+        if trial == 0:  # calibration: how long does preserve (compaction, hash, link, pin) take here?
+            _join([p])
+            took = time.monotonic() - t0
+        else:
+            time.sleep(rng.uniform(0.0, 0.8) * took)
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)  # type: ignore[arg-type]
+            _join([p])
+        if name in store.pins():  # complete: opens, verifies, every record intact
+            o = IndexCache.open(store, name)
+            assert o.count == n
+            assert all(o.get(i) == blake3.blake3(b"big%d" % i).digest(length=size) for i in range(n))
+            outcomes.append("complete")
+        else:
+            with pytest.raises(casstore.ObjectNotFoundError):
+                IndexCache.open(store, name)
+            outcomes.append("absent")
+        store.sweep_tmp()
+        assert icache_dirs(store.root) == []
+    assert outcomes[0] == "complete" and "absent" in outcomes[1:]  # kills landed inside preserve
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_frozen_reads_take_no_lock(store: casstore.Store, method: str) -> None:
+    """Readers in other processes work while one process holds every lock casstore uses."""
+    ctx = mp.get_context(method)
+    n = 400
+    frozen = IndexCache(store, n)
+    for i in range(n):
+        frozen.put(i, payload(i))
+    frozen.freeze()
+    kept = IndexCache(store, n)
+    for i in range(n):
+        kept.put(i, payload(i))
+    kept.preserve("lock-free")
+    live = IndexCache(store, 4, lock_timeout=0.3)  # the control: a live cache needs its lock to put
+    with store.edit("other") as m:  # make the store's own lock files exist
+        m["k"] = store.put(b"v")
+    store.freeze("other")
+    locks = [str(p) for p in (store.root / "locks").rglob("*") if p.is_file()]
+    assert any(p.endswith("gc.lock") for p in locks) and any("names" in p for p in locks)
+    for c in (frozen, kept, live):
+        assert c._dir is not None
+        locks.append(str(c._dir / "lock"))
+    hctx = mp.get_context("fork")
+    ready, stop = hctx.Event(), hctx.Event()
+    holder = hctx.Process(target=_hold_locks, args=(locks, ready, stop))
+    holder.start()
+    try:
+        assert ready.wait(JOIN)
+        with pytest.raises(casstore.LockTimeout):  # the holder really holds the cache's lock ...
+            live.put(0, b"x")
+        with pytest.raises(casstore.LockTimeout):  # ... and the store's
+            FileLock(store.root / "locks" / "gc.lock", timeout=0.2).acquire()
+        out = ctx.Queue()
+        readers = [ctx.Process(target=_read_all, args=(frozen, None, None, n, out)),
+                   ctx.Process(target=_read_all, args=(None, str(store.root), "lock-free", n, out))]
+        for r in readers:
+            r.start()
+        results = [out.get(timeout=JOIN) for _ in readers]
+        _join(readers)
+        assert [ok for ok, _ in results] == [True, True]
+        assert all(r.exitcode == 0 for r in readers)
+        assert all(frozen.get(i) == payload(i) for i in range(n))  # and in this process
+    finally:
+        stop.set()
+        _join([holder])
