@@ -68,7 +68,7 @@ import msgpack
 
 from ._fs import fsync_dir, process_token, sweep_stale
 from ._gclock import gc_lock
-from ._layout import OBJECTS, RAW, TMP, ZSTD, parse_object_name
+from ._layout import OBJECTS, RAW, TMP, ZSTD
 from ._progress import Progress, human_bytes
 from .digest import Digest
 from .errors import IntegrityError, InvalidInputError, InvalidTypeError, ObjectNotFoundError, StoreFormatError
@@ -181,6 +181,9 @@ class ObjFile(NamedTuple):
     ino: int
 
 
+_NAME_RE = re.compile(r"([0-9a-f]{62})(\.zst)?")
+
+
 def scan_objects(root: Path) -> Tuple[List[ObjFile], List[Path]]:
     """Every object file under ``<root>/objects`` and every stray entry (wrong name or type).
 
@@ -203,16 +206,16 @@ def scan_objects(root: Path) -> Tuple[List[ObjFile], List[Path]]:
         except (FileNotFoundError, NotADirectoryError):
             continue
         for ent in ents:
-            parsed = parse_object_name(fan.name, ent.name)
+            m = _NAME_RE.fullmatch(ent.name)  # what _layout.parse_object_name accepts, without a Digest each
             try:
                 st = ent.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # deleted while we looked (GC)
-            if parsed is None or not stat_mod.S_ISREG(st.st_mode):
+            if m is None or not stat_mod.S_ISREG(st.st_mode):
                 strays.append(Path(ent.path))
                 continue
-            files.append(ObjFile(parsed[0].hex, parsed[1], ent.path, st.st_size, st.st_mtime, st.st_atime,
-                                 st.st_mtime_ns, st.st_ino))
+            files.append(ObjFile(fan.name + m.group(1), ZSTD if m.group(2) else RAW, ent.path, st.st_size,
+                                 st.st_mtime, st.st_atime, st.st_mtime_ns, st.st_ino))
     return files, strays
 
 
@@ -689,6 +692,19 @@ def _surviving_history(live: Live, deleted: Set[str]) -> Dict[str, str]:
     return out
 
 
+def _restore(grave: str, path: str) -> None:
+    """Put a moved-out object file back, unless a writer has meanwhile published a new copy."""
+    try:
+        os.link(grave, path)
+    except FileExistsError:
+        pass  # a fresh copy is in place: keep it
+    except OSError:  # no hard link allowed (e.g. fs.protected_hardlinks on another user's file)
+        if not os.path.exists(path):
+            os.rename(grave, path)
+            return
+    os.unlink(grave)
+
+
 def _execute(plan: GCPlan, *, timeout: Optional[float], progress: Optional[bool]) -> GCResult:
     store = plan.store
     t0 = time.monotonic()
@@ -736,7 +752,7 @@ def _execute(plan: GCPlan, *, timeout: Optional[float], progress: Optional[bool]
                 continue
             if st.st_mtime > cutoff:
                 # Re-put since the plan (its mtime was refreshed before our move): put it back.
-                os.rename(grave, f.path)
+                _restore(grave, f.path)
                 skipped[Digest(f.hex)] = "written again since the plan (fresh)"
                 continue
             os.unlink(grave)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -59,8 +58,6 @@ STATE_FILE = "verify.msgpack"
 EMPTY_HEX = blake3.blake3(b"").hexdigest()
 _SMALL = 1 << 20  # below this, read() + one-thread blake3 beats mmap + the thread pool
 _WINDOW = 64 << 20  # mmap window for big files (bounded address space)
-_BATCH_BYTES = 16 << 20  # small files are verified in batches (one task per batch)
-_BATCH_FILES = 256
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _TRAILER_SIZE = 20
 
@@ -149,8 +146,8 @@ class VerifyReport:
 
 def _hash_raw(fd: int, size: int) -> str:
     if size < _SMALL:
-        buf = os.read(fd, size + 1)
-        while len(buf) < size + 1:
+        buf = os.read(fd, size + 1)  # a short read of a regular file means end of file
+        while len(buf) < size:
             more = os.read(fd, size + 1 - len(buf))
             if not more:
                 break
@@ -186,7 +183,7 @@ def _check_file(f: ObjFile, expected: Optional[int], fast: bool) -> Tuple[str, i
     except FileNotFoundError:
         return "gone", 0, ""
     try:
-        size = os.fstat(fd).st_size
+        size = f.size  # from the scan; a file that differs fails its hash or the read
         if f.codec == RAW:
             if expected is not None and size != expected:
                 return "corrupt", 0, f"file {f.path} has {size} bytes but a manifest says {expected} (truncated?)"
@@ -260,7 +257,7 @@ def _stale_tmp(tmpdir: Path, now: float) -> List[Path]:
 
 
 def _state_key(f: ObjFile) -> str:
-    return f.path.rsplit(os.sep, 2)[-2] + "/" + f.path.rsplit(os.sep, 1)[-1]
+    return f.hex if f.codec == RAW else f.hex + ".zst"
 
 
 def _load_state(path: Path) -> Dict[str, List[Any]]:
@@ -460,40 +457,24 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
 
 def _check_all(todo: List[ObjFile], expected: Mapping[str, int], fast: bool, workers: int,
                progress: Optional[bool]) -> Dict[str, Tuple[str, int, str]]:
-    """Check files (on a thread pool when hashing); returns path -> (status, bytes, problem)."""
+    """Check files; returns path -> (status, bytes, problem).
+
+    Big files are hashed on a pool of ``workers`` threads (BLAKE3 and mmap page
+    faults release the GIL); small ones on this thread meanwhile, where a
+    thread hop would cost more than the hashing and only contend for the GIL.
+    """
     results: Dict[str, Tuple[str, int, str]] = {}
     total = len(todo) if fast else sum(f.size for f in todo)
     with Progress(total, desc="verify", unit="files" if fast else "B", enabled=progress) as bar:
-        if fast or workers <= 1 or len(todo) <= 1:
-            for f in todo:
+        big = [] if fast or workers < 1 else [f for f in todo if f.size >= _SMALL]
+        small = todo if not big else [f for f in todo if f.size < _SMALL]
+        with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="casstore-verify") as ex:
+            futs: List[Tuple[ObjFile, Future[Tuple[str, int, str]]]] = [
+                (f, ex.submit(_check_file, f, expected.get(f.hex), False)) for f in big]
+            for f in small:
                 results[f.path] = _check_file(f, expected.get(f.hex), fast)
                 bar.update(1 if fast else f.size)
-            return results
-        # Big files one per task; small ones in batches (a task per file costs more than hashing it).
-        batches: List[List[ObjFile]] = []
-        cur: List[ObjFile] = []
-        cur_bytes = 0
-        for f in todo:
-            if f.size >= _BATCH_BYTES:
-                batches.append([f])
-                continue
-            cur.append(f)
-            cur_bytes += f.size
-            if cur_bytes >= _BATCH_BYTES or len(cur) >= _BATCH_FILES:
-                batches.append(cur)
-                cur, cur_bytes = [], 0
-        if cur:
-            batches.append(cur)
-        lock = threading.Lock()
-
-        def work(batch: List[ObjFile]) -> List[Tuple[str, Tuple[str, int, str]]]:
-            out = [(f.path, _check_file(f, expected.get(f.hex), False)) for f in batch]
-            with lock:
-                bar.update(sum(f.size for f in batch))
-            return out
-
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="casstore-verify") as ex:
-            futs: List[Future[List[Tuple[str, Tuple[str, int, str]]]]] = [ex.submit(work, b) for b in batches]
-            for fut in futs:
-                results.update(fut.result())
+            for f, fut in futs:
+                results[f.path] = fut.result()
+                bar.update(f.size)
     return results
