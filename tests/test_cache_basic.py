@@ -399,3 +399,27 @@ def test_model_hypothesis(tmp_path_factory: pytest.TempPathFactory, ops: List[tu
     assert [i in o for i in range(40)] == [i in model for i in range(40)]
     o.close()
     c.close()
+
+
+def test_subclasses_keep_their_class_and_read_the_same(store: casstore.Store) -> None:
+    class Mine(IndexCache):
+        __slots__ = ()
+
+    for mode in ("full", "open"):
+        c = Mine(store, 6, verify=mode)
+        c.put(1, b"one")
+        c.put(4, payload(4, 70_000))
+        c.freeze()
+        assert type(c) is Mine  # frozen reads work without switching a user's class
+        assert [c.get(i) for i in range(6)] == [None, b"one", None, None, payload(4, 70_000), None]
+        with pytest.raises(CacheIndexError):
+            c.get(6)
+        c.close()
+    plain = IndexCache(store, 2)
+    plain.put(0, b"x")
+    plain.freeze()
+    assert isinstance(plain, IndexCache)
+    plain.close()
+    assert type(plain) is IndexCache  # closed: back to the base class, every read refused
+    with pytest.raises(casstore.InvalidInputError, match="closed"):
+        plain.get(0)

@@ -1,0 +1,398 @@
+"""Benchmarks of casstore.IndexCache against pfio's caches (issue 5's speed targets).
+
+    python benchmarks/run.py --only cache [--quick]
+    python benchmarks/bench_cache.py [--quick]        # the same, standalone
+
+Scenarios (each interleaves casstore and pfio round by round, drops a warm-up
+round and reports medians; setup such as building a cache to read is untimed):
+
+* 100,000 x 1 KiB: put ops/s vs pfio ``FileCache`` (>= 1.0x) and ``MultiprocessFileCache``
+  (>= 5x; it fsyncs every put, so it is timed on fewer records); frozen get ops/s vs
+  ``FileCache.get`` (>= 3x) and vs ``ReadOnlyFileCache`` after ``preload`` (>= 1.0x), for
+  ``verify="full"`` (the default: every get checks its record's CRC-32) and
+  ``verify="open"`` (checked once; reads unchecked, like pfio's).  Loops discard results,
+  as a training loop consumes each sample.
+* 200 x 4 MiB: put and frozen get MiB/s vs ``FileCache`` (>= 0.8x).
+* 1 and 2 reader processes over one frozen cache: aggregate get ops/s (2 readers >= 1.6x).
+* ``preserve`` of a 1 GiB cache (durable store: hash + fsync + hard link; freeze included)
+  next to ``shutil.copyfile`` of the same bytes, with and without fsync.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import (  # noqa: E402
+    Case,
+    MiB,
+    Row,
+    bench_dir,
+    interleave,
+    log,
+    median,
+    rate,
+    ratio_row,
+    run_scenarios,
+    summary,
+)
+
+import casstore  # noqa: E402
+from casstore.cache import IndexCache  # noqa: E402
+
+
+def _sync(_r: int = 0) -> None:
+    """Untimed: flush dirty pages so one case's writeback does not bill the next."""
+    os.sync()
+
+
+def _records(n: int, size: int) -> List[bytes]:
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    return [rng.bytes(size) for _ in range(n)]
+
+
+def _det(cas: List[float], ref: List[float], **extra: Any) -> Dict[str, Any]:
+    return {"casstore": summary(cas), "pfio": summary(ref), **extra}
+
+
+# -- 1. 100,000 x 1 KiB ----------------------------------------------------------------
+
+
+def bench_small(quick: bool) -> List[Row]:
+    from pfio.cache import FileCache, MultiprocessFileCache, ReadOnlyFileCache
+
+    n = 20_000 if quick else 100_000
+    reps = 3 if quick else 7
+    recs = _records(n, 1024)
+    rows: List[Row] = []
+    with bench_dir("cache-small") as tmp:
+        store = casstore.open(tmp / "store")
+        pdir = tmp / "pfio"
+        pdir.mkdir()
+        live: Dict[str, Any] = {}
+
+        def cas_setup(_r: int) -> None:
+            live["cas"] = IndexCache(store, n)
+
+        def cas_put(_r: int) -> None:
+            put = live["cas"].put
+            for i in range(n):
+                put(i, recs[i])
+
+        def cas_down(_r: int) -> None:
+            c = live.pop("cas")
+            assert c.count == n and c.get(n - 1) == recs[-1]
+            c.close()
+
+        def pfio_setup(_r: int) -> None:
+            live["pfio"] = FileCache(n, dir=str(pdir))
+
+        def pfio_put(_r: int) -> None:
+            put = live["pfio"].put
+            for i in range(n):
+                put(i, recs[i])
+
+        def pfio_down(_r: int) -> None:
+            live.pop("pfio").close()
+
+        log(f"put {n:,} x 1 KiB")
+        res = interleave([Case("pfio", pfio_put, pfio_setup, pfio_down), Case("cas", cas_put, cas_setup, cas_down)],
+                         reps)
+        cas_ops = rate(n, res["cas"]["total"])
+        rows.append(ratio_row(f"put 1 KiB x {n:,} ops/s (ref: pfio FileCache.put)", cas_ops,
+                              rate(n, res["pfio"]["total"]), "ops/s", min_ratio=1.0,
+                              details=_det(res["cas"]["total"], res["pfio"]["total"])))
+
+        m = 500 if quick else 2_000
+        log(f"put {m:,} x 1 KiB into MultiprocessFileCache (fsync per put)")
+        mp_times: List[float] = []
+        for _ in range(3):
+            mc = MultiprocessFileCache(m, dir=str(pdir))
+            t0 = time.perf_counter()
+            for i in range(m):
+                mc.put(i, recs[i])
+            mp_times.append(time.perf_counter() - t0)
+            mc.close()
+        rows.append(ratio_row(f"put 1 KiB ops/s (ref: pfio MultiprocessFileCache.put, {m:,} records)", cas_ops,
+                              rate(m, mp_times), "ops/s", min_ratio=5.0,
+                              details={"pfio": summary(mp_times), "records": m}))
+
+        # Readers: one frozen casstore cache read three ways; pfio FileCache and ReadOnlyFileCache.
+        log("frozen get")
+        c = IndexCache(store, n)
+        for i in range(n):
+            c.put(i, recs[i])
+        t0 = time.perf_counter()
+        c.freeze()
+        freeze_s = time.perf_counter() - t0
+        c.preserve("bench-small")
+        full = IndexCache.open(store, "bench-small")  # verify="full": whole digest, then CRC-32 per get
+        fast = IndexCache.open(store, "bench-small", verify="open")  # checked once, reads unchecked
+        live_c = IndexCache(store, n)
+        for i in range(n):
+            live_c.put(i, recs[i])
+        f = FileCache(n, dir=str(pdir))
+        for i in range(n):
+            f.put(i, recs[i])
+        f.preserve("bench-small")
+        ro = ReadOnlyFileCache(n, dir=str(pdir))
+        ro.preload("bench-small")
+        f2 = FileCache(n, dir=str(pdir))
+        for i in range(n):
+            f2.put(i, recs[i])
+        assert full.get(7) == fast.get(7) == f2.get(7) == ro.get(7) == recs[7]
+
+        def loop(get: Any) -> Any:
+            def run(_r: int) -> None:
+                for i in range(n):
+                    get(i)
+            return run
+
+        res = interleave([Case("pfio", loop(f2.get)), Case("rofc", loop(ro.get)), Case("full", loop(full.get)),
+                          Case("open", loop(fast.get)), Case("live", loop(live_c.get))], reps)
+        g = {k: rate(n, v["total"]) for k, v in res.items()}
+        rows += [
+            ratio_row("frozen get 1 KiB ops/s, verify=full/CRC-32 per get (ref: pfio FileCache.get)", g["full"],
+                      g["pfio"], "ops/s", min_ratio=3.0, details=_det(res["full"]["total"], res["pfio"]["total"])),
+            ratio_row("frozen get 1 KiB ops/s, verify=full/CRC-32 per get (ref: pfio ReadOnlyFileCache)", g["full"],
+                      g["rofc"], "ops/s", min_ratio=1.0, details=_det(res["full"]["total"], res["rofc"]["total"])),
+            ratio_row("frozen get 1 KiB ops/s, verify=open/checked once (ref: pfio ReadOnlyFileCache)", g["open"],
+                      g["rofc"], "ops/s", min_ratio=1.0, details=_det(res["open"]["total"], res["rofc"]["total"])),
+            ratio_row("frozen get 1 KiB ops/s, verify=open/checked once (ref: pfio FileCache.get)", g["open"],
+                      g["pfio"], "ops/s", min_ratio=3.0, details=_det(res["open"]["total"], res["pfio"]["total"])),
+            ratio_row("  live (unfrozen) get 1 KiB ops/s, CRC-32 (info; ref: pfio FileCache.get)", g["live"],
+                      g["pfio"], "ops/s", details=_det(res["live"]["total"], res["pfio"]["total"])),
+            Row(f"  freeze of {n:,} x 1 KiB written in index order (in place, no copy)", freeze_s, None, "s"),
+        ]
+        for x in (c, full, fast, live_c):
+            x.close()
+        for y in (f, f2, ro):
+            y.close()
+    return rows
+
+
+# -- 2. 200 x 4 MiB ----------------------------------------------------------------------
+
+
+def bench_large(quick: bool) -> List[Row]:
+    from pfio.cache import FileCache
+
+    n = 50 if quick else 200
+    reps = 3 if quick else 5
+    size = 4 * MiB
+    recs = _records(n, size)
+    total_mib = n * size / MiB
+    with bench_dir("cache-large") as tmp:
+        store = casstore.open(tmp / "store")
+        pdir = tmp / "pfio"
+        pdir.mkdir()
+        live: Dict[str, Any] = {}
+
+        def cas_setup(r: int) -> None:
+            _sync(r)
+            live["cas"] = IndexCache(store, n)
+
+        def cas_run(_r: int) -> Dict[str, float]:
+            c = live["cas"]
+            t0 = time.perf_counter()
+            for i in range(n):
+                c.put(i, recs[i])
+            t1 = time.perf_counter()
+            c.freeze()
+            t2 = time.perf_counter()
+            state = c.__getstate__()  # a second handle on the same frozen file, as verify="open" maps it
+            state["check"] = False
+            fast = IndexCache.__new__(IndexCache)
+            fast.__setstate__(state)
+            live["fast"] = fast
+            for i in range(n):
+                c.get(i)
+            t3 = time.perf_counter()
+            for i in range(n):
+                live["fast"].get(i)
+            return {"put": t1 - t0, "freeze": t2 - t1, "get": t3 - t2, "get_open": time.perf_counter() - t3}
+
+        def cas_down(_r: int) -> None:
+            c = live.pop("cas")
+            assert c.get(n - 1) == recs[-1] == live["fast"].get(n - 1)
+            live.pop("fast").close()
+            c.close()
+
+        def pfio_setup(r: int) -> None:
+            _sync(r)
+            live["pfio"] = FileCache(n, dir=str(pdir))
+
+        def pfio_run(_r: int) -> Dict[str, float]:
+            c = live["pfio"]
+            t0 = time.perf_counter()
+            for i in range(n):
+                c.put(i, recs[i])
+            t1 = time.perf_counter()
+            for i in range(n):
+                c.get(i)
+            return {"put": t1 - t0, "get": time.perf_counter() - t1}
+
+        def pfio_down(_r: int) -> None:
+            live.pop("pfio").close()
+
+        log(f"{n} x 4 MiB")
+        res = interleave([Case("pfio", pfio_run, pfio_setup, pfio_down), Case("cas", cas_run, cas_setup, cas_down)],
+                         reps)
+    c, p = res["cas"], res["pfio"]
+    return [
+        ratio_row(f"put 4 MiB x {n} MiB/s (ref: pfio FileCache.put)", rate(total_mib, c["put"]),
+                  rate(total_mib, p["put"]), "MiB/s", min_ratio=0.8, details=_det(c["put"], p["put"])),
+        ratio_row(f"frozen get 4 MiB x {n} MiB/s, verify=full/BLAKE3-64 per get (ref: pfio FileCache.get)",
+                  rate(total_mib, c["get"]), rate(total_mib, p["get"]), "MiB/s", min_ratio=0.8,
+                  details=_det(c["get"], p["get"])),
+        ratio_row(f"frozen get 4 MiB x {n} MiB/s, verify=open/checked once (ref: pfio FileCache.get)",
+                  rate(total_mib, c["get_open"]), rate(total_mib, p["get"]), "MiB/s", min_ratio=0.8,
+                  details=_det(c["get_open"], p["get"])),
+        Row(f"  freeze of {n} x 4 MiB written in index order (in place, no copy)", median(c["freeze"]), None, "s",
+            details={"casstore": summary(c["freeze"])}),
+    ]
+
+
+# -- 3. one vs two reader processes --------------------------------------------------------
+
+
+def _reader(cache: IndexCache, n: int, passes: int, barrier: Any, out: Any) -> None:
+    get = cache.get
+    barrier.wait(60)
+    t0 = time.perf_counter()
+    for _ in range(passes):
+        for i in range(n):
+            get(i)
+    out.put((t0, time.perf_counter()))
+
+
+def bench_readers(quick: bool) -> List[Row]:
+    n = 20_000 if quick else 100_000
+    passes = 2 if quick else 3
+    reps = 3 if quick else 5
+    recs = _records(n, 1024)
+    ctx = mp.get_context("fork")
+    with bench_dir("cache-readers") as tmp:
+        store = casstore.open(tmp / "store")
+        c = IndexCache(store, n)
+        for i in range(n):
+            c.put(i, recs[i])
+        c.freeze()
+
+        def readers(k: int) -> Any:
+            def run(_r: int) -> Dict[str, float]:
+                barrier = ctx.Barrier(k)
+                out = ctx.Queue()
+                ps = [ctx.Process(target=_reader, args=(c, n, passes, barrier, out)) for _ in range(k)]
+                for p in ps:
+                    p.start()
+                spans = [out.get(timeout=300) for _ in ps]
+                for p in ps:
+                    p.join(60)
+                wall = max(e for _, e in spans) - min(s for s, _ in spans)
+                return {"wall": wall}
+            return run
+
+        log(f"1 vs 2 reader processes, {passes} passes over {n:,} x 1 KiB")
+        res = interleave([Case("one", readers(1)), Case("two", readers(2))], reps)
+        c.close()
+    one = rate(n * passes, res["one"]["wall"])
+    two = rate(2 * n * passes, res["two"]["wall"])
+    return [ratio_row("2 reader processes, aggregate frozen get ops/s (ref: 1 reader process)", two, one, "ops/s",
+                      min_ratio=1.6, details={"one": summary(res["one"]["wall"]),
+                                              "two": summary(res["two"]["wall"])})]
+
+
+# -- 4. preserve of a 1 GiB cache ---------------------------------------------------------
+
+
+def bench_preserve(quick: bool) -> List[Row]:
+    size = 4 * MiB
+    n = 64 if quick else 256
+    total = n * size
+    label = f"{total // MiB} MiB" if quick else "1 GiB"
+    reps = 2 if quick else 3
+    recs = _records(n, size)
+    with bench_dir("cache-preserve") as tmp:
+        store = casstore.open(tmp / "store")
+        assert store.durable
+        src = tmp / "src.bin"
+        with open(src, "wb") as fh:
+            for r in recs:
+                fh.write(r)
+        live: Dict[str, Any] = {}
+
+        def build(order: List[int]) -> Any:
+            def setup(r: int) -> None:
+                c = IndexCache(store, n)
+                for i in order:
+                    c.put(i, recs[i] if r % 2 == 0 else recs[i][::-1])  # new bytes each round: no dedupe
+                live["c"] = c
+                _sync(r)
+            return setup
+
+        def preserve(r: int) -> Dict[str, float]:
+            c = live["c"]
+            t0 = time.perf_counter()
+            c.freeze()
+            t1 = time.perf_counter()
+            c.preserve(f"p{r}-{time.monotonic_ns()}")
+            return {"total": time.perf_counter() - t0, "freeze": t1 - t0}
+
+        def down(_r: int) -> None:
+            c = live.pop("c")
+            c.close()
+            for name in list(store.pins()):
+                store.unpin(name)
+            store.plan_gc(grace=0).execute()
+
+        def copy(r: int) -> Dict[str, float]:
+            dst = tmp / f"copy{r}.bin"
+            t0 = time.perf_counter()
+            shutil.copyfile(src, dst)
+            t1 = time.perf_counter()
+            fd = os.open(dst, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+            t2 = time.perf_counter()
+            os.unlink(dst)
+            return {"copy": t1 - t0, "copy_fsync": t2 - t0}
+
+        log(f"preserve of a {label} cache")
+        res = interleave([Case("copy", copy, _sync), Case("inorder", preserve, build(list(range(n))), down),
+                          Case("shuffled", preserve, build(list(range(n))[::-1]), down)], reps)
+    cp, io_, sh = res["copy"], res["inorder"], res["shuffled"]
+    ct, cft = median(cp["copy"]), median(cp["copy_fsync"])
+    return [
+        Row(f"preserve {label}, written in index order: seconds (ref: shutil.copyfile)", median(io_["total"]), ct,
+            "s", ct / median(io_["total"]), "info (no copy: hash+fsync+link)", None,
+            details={"casstore": summary(io_["total"]), "freeze": summary(io_["freeze"]), "copy": summary(cp["copy"])}),
+        Row(f"preserve {label}, written in index order: seconds (ref: copyfile + fsync)", median(io_["total"]), cft,
+            "s", cft / median(io_["total"]), "info", None, details={"copy_fsync": summary(cp["copy_fsync"])}),
+        Row(f"preserve {label}, written out of order (compacted once): seconds (ref: copyfile + fsync)",
+            median(sh["total"]), cft, "s", cft / median(sh["total"]), "info", None,
+            details={"casstore": summary(sh["total"]), "freeze": summary(sh["freeze"])}),
+    ]
+
+
+SCENARIOS = [bench_small, bench_large, bench_readers, bench_preserve]
+
+
+def run(quick: bool) -> List[Row]:
+    """Entry point used by run.py: every index-cache benchmark, one list of rows."""
+    return run_scenarios(SCENARIOS, quick)
+
+
+if __name__ == "__main__":  # python benchmarks/bench_cache.py [--quick]
+    from run import main
+
+    sys.exit(main(["--only", "cache", *sys.argv[1:]]))
