@@ -5,7 +5,7 @@ from any number of processes (fork or spawn); ``cache.freeze()`` ends the puts a
 switches every reader to lock-free memory-mapped reads; ``cache.preserve(name)`` keeps
 the frozen cache as one content-addressed object pinned under ``name``;
 ``IndexCache.open(store, name)`` maps it again in the next run.  See
-docs/index-cache.md (user guide, pfio migration) and docs/format.md.
+docs/index-cache.md (user guide, pfio migration, on-disk format).
 
 How it is built (the reasons are in docs/index-cache.md):
 
@@ -87,7 +87,7 @@ VERIFY_MODES = ("full", "record", "open")
 
 Buffer = Union[bytes, bytearray, memoryview]
 
-# -- on-disk layout (docs/format.md, "Index caches") -----------------------------
+# -- on-disk layout (docs/index-cache.md, "On-disk format") ----------------------
 
 _HDR = 64
 _FILE_MAGIC = b"CSICACHE"
