@@ -70,6 +70,9 @@ class VerifyReport:
     missing: Tuple[Digest, ...]
     orphaned: Tuple[Path, ...]
     stale_tmp: Tuple[Path, ...]
+    unreadable: Tuple[Digest, ...]
+    """Manifest versions a head or pin reaches that hash correctly but cannot be decoded
+    (not a manifest, a newer format, malformed entries): what they reference is unknown."""
     details: Mapping[Digest, str]
     """What is wrong with each corrupt or missing digest (file and reason, or who references it)."""
     lost: Mapping[Digest, Tuple[str, ...]]
@@ -90,7 +93,7 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         """No corrupt, missing or orphaned entries (stale staging files are housekeeping, not damage)."""
-        return not (self.corrupt or self.missing or self.orphaned)
+        return not (self.corrupt or self.missing or self.orphaned or self.unreadable)
 
     def summary(self) -> str:
         """A few lines for humans, naming each problem and what to do."""
@@ -102,6 +105,8 @@ class VerifyReport:
             lines.append(f"CORRUPT  {d}: {self.details.get(d, '')}")
         for d in self.missing:
             lines.append(f"MISSING  {d}: {self.details.get(d, '')}")
+        for d in self.unreadable:
+            lines.append(f"BADMANIF {d}: {self.details.get(d, '')}")
         for p in self.orphaned:
             lines.append(f"STRAY    {p}: not an object; casstore never reads it")
         for p in self.stale_tmp:
@@ -128,6 +133,7 @@ class VerifyReport:
             "missing": [str(d) for d in self.missing],
             "orphaned": [str(p) for p in self.orphaned],
             "stale_tmp": [str(p) for p in self.stale_tmp],
+            "unreadable": [str(d) for d in self.unreadable],
             "details": {str(k): v for k, v in self.details.items()},
             "lost": {str(k): list(v) for k, v in self.lost.items()},
             "quarantined": [str(p) for p in self.quarantined],
@@ -318,6 +324,7 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
     expected: Dict[str, int] = {}
     details: Dict[str, str] = {}
     walk_corrupt: Set[str] = set()  # versions whose bytes failed their hash when read
+    unreadable: Set[str] = set()  # versions that hash fine but do not decode
     g = Graph(store)
     seen_versions: Set[str] = set()
     for kind in ("pins", "heads"):
@@ -337,6 +344,7 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
                 except StoreFormatError as e:
                     need.setdefault(cur, []).append(f"{where} (manifest version)")
                     details.setdefault(cur, str(e))
+                    unreadable.add(cur)
                     break
                 if doc is None:
                     if depth == 0:  # a ref to a missing version; a missing parent was collected by gc
@@ -351,6 +359,7 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
                             expected.setdefault(h, size)
                 except StoreFormatError as e:
                     details.setdefault(cur, str(e))
+                    unreadable.add(cur)
                 p = doc.get("parent")
                 cur = p.hex() if isinstance(p, bytes) else None
                 depth += 1
@@ -432,7 +441,7 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
     # Needed by a pin or head, with no good copy: report who needs it (never silent).
     lost_h = [h for h in sorted(need) if h not in good]
     lost = {Digest(h): tuple(need[h]) for h in lost_h}
-    shown = set(corrupt_hex) | set(missing) | set(lost_h)
+    shown = set(corrupt_hex) | set(missing) | set(lost_h) | unreadable
 
     if not fast and store.writable:
         _save_state(store, new_state)
@@ -442,6 +451,7 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
         missing=tuple(Digest(h) for h in missing),
         orphaned=tuple(strays),
         stale_tmp=tuple(stale),
+        unreadable=tuple(Digest(h) for h in sorted(unreadable - set(corrupt_hex))),
         details=MappingProxyType({Digest(h): v for h, v in details.items() if h in shown}),
         lost=MappingProxyType(lost),
         quarantined=tuple(quarantined),

@@ -116,6 +116,17 @@ def test_missing_manifest_version_of_a_ref(populated: casstore.Store) -> None:
     assert v in rep.missing and "pin 'paper'" in rep.details[v]
 
 
+def test_a_pin_to_something_that_is_not_a_manifest_is_reported(store: casstore.Store) -> None:
+    with store.edit("h") as m:
+        m["x"] = store.put(b"data")
+    bogus = store.put(b"not msgpack at all")
+    (store.root / "refs" / "pins" / "broken").write_text(f"{bogus}\n")  # hand-edited ref
+    rep = store.verify()
+    assert rep.unreadable == (bogus,) and not rep.ok and not rep.corrupt
+    assert "pin 'broken'" in rep.details[bogus] and "manifest" in rep.details[bogus]
+    assert "BADMANIF" in rep.summary()
+
+
 def test_stray_files_are_orphaned_and_repair_moves_them(populated: casstore.Store) -> None:
     objdir = populated.root / "objects"
     some_fan = next(p for p in objdir.iterdir() if p.is_dir())
