@@ -350,11 +350,11 @@ def bench_preserve(quick: bool) -> List[Row]:
 
         def build(order: List[int]) -> Any:
             def setup(r: int) -> None:
+                _sync(r)  # earlier cases' dirty pages; this cache's own stay dirty: preserve must flush them
                 c = IndexCache(store, n)
                 for i in order:
                     c.put(i, recs[i] if r % 2 == 0 else recs[i][::-1])  # new bytes each round: no dedupe
                 live["c"] = c
-                _sync(r)
             return setup
 
         def preserve(r: int) -> Dict[str, float]:
