@@ -44,7 +44,7 @@ from ._fs import _HOST, _TMP_RE, STALE_AGE, _writer_alive, sweep_stale, write_fi
 from ._layout import BAD, OBJECTS, RAW, TMP
 from ._progress import Progress, human_bytes
 from ._shared import STATE, makedirs
-from .digest import Digest
+from .digest import Digest, new_hasher
 from .errors import IntegrityError, StoreFormatError
 from .gc import Graph, ObjFile, entry_items, parse_duration, scan_objects
 from .refs import list_refs
@@ -161,7 +161,7 @@ def _hash_raw(fd: int, size: int) -> str:
         if len(buf) != size:
             raise IntegrityError(f"changed size while being read ({len(buf)} bytes, expected {size})")
         return str(blake3.blake3(buf).hexdigest())
-    h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    h = new_hasher(threaded=True)  # fork-safe: single-threaded in forked children
     off = 0
     while off < size:
         n = min(_WINDOW, size - off)
