@@ -47,8 +47,12 @@ _TMP_RE = re.compile(r"^(\d+)\.(\d+)\.([A-Za-z0-9_-]+)\.[0-9a-f]+\.[a-z]+$")
 _token_cache: dict[int, str] = {}
 
 
-def _start_time(pid: int) -> Optional[int]:
-    """Start time of ``pid`` in clock ticks since boot (Linux), or None."""
+def _start_time(pid: int, *, live_only: bool = False) -> Optional[int]:
+    """Start time of ``pid`` in clock ticks since boot (Linux), or None.
+
+    ``live_only``: None for a zombie too (killed, not yet reaped by its
+    parent): it will never write again, so its staging files are stale.
+    """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
@@ -56,6 +60,8 @@ def _start_time(pid: int) -> Optional[int]:
         return None
     # Field 2 (comm) may contain spaces and parentheses: split after the last ')'.
     rest = stat[stat.rfind(b")") + 2 :].split()
+    if live_only and rest[:1] in ([b"Z"], [b"X"]):
+        return None
     try:
         return int(rest[19])
     except (IndexError, ValueError):
@@ -75,7 +81,7 @@ def process_token() -> str:
 
 def _writer_alive(pid: int, start: int) -> bool:
     if start and os.path.exists("/proc/self/stat"):
-        return _start_time(pid) == start
+        return _start_time(pid, live_only=True) == start
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
