@@ -157,21 +157,49 @@ def bench_small(quick: bool) -> List[Row]:
                     get(i)
             return run
 
-        res = interleave([Case("pfio", loop(f2.get)), Case("rofc", loop(ro.get)), Case("full", loop(full.get)),
-                          Case("open", loop(fast.get)), Case("live", loop(live_c.get))], reps)
-        g = {k: rate(n, v["total"]) for k, v in res.items()}
+        # Head-to-head pairs (two cases per interleave, so no third case's working set sits between them).
+        res = interleave([Case("pfio", loop(f2.get)), Case("full", loop(full.get)), Case("live", loop(live_c.get))],
+                         reps)
+        res_ro = interleave([Case("rofc", loop(ro.get)), Case("full", loop(full.get))], reps)
+        res_open = interleave([Case("rofc", loop(ro.get)), Case("open", loop(fast.get))], reps)
+        res_open_pfio = interleave([Case("pfio", loop(f2.get)), Case("open", loop(fast.get))], reps)
+
+        def open_case(verify: str) -> Any:
+            def run(_r: int) -> None:
+                IndexCache.open(store, "bench-small", verify=verify).close()
+            return run
+
+        def preload(_r: int) -> None:
+            r = ReadOnlyFileCache(n, dir=str(pdir))
+            r.preload("bench-small")
+            r.close()
+
+        opens = interleave([Case("rofc", preload), Case("record", open_case("record")),
+                            Case("full", open_case("full"))], reps)
+        def pair(what: str, r: Any, a: str, b: str, target: Any) -> Row:
+            return ratio_row(what, rate(n, r[a]["total"]), rate(n, r[b]["total"]), "ops/s", min_ratio=target,
+                             details=_det(r[a]["total"], r[b]["total"]))
+
         rows += [
-            ratio_row("frozen get 1 KiB ops/s, verify=full/CRC-32 per get (ref: pfio FileCache.get)", g["full"],
-                      g["pfio"], "ops/s", min_ratio=3.0, details=_det(res["full"]["total"], res["pfio"]["total"])),
-            ratio_row("frozen get 1 KiB ops/s, verify=full/CRC-32 per get (ref: pfio ReadOnlyFileCache)", g["full"],
-                      g["rofc"], "ops/s", min_ratio=1.0, details=_det(res["full"]["total"], res["rofc"]["total"])),
-            ratio_row("frozen get 1 KiB ops/s, verify=open/checked once (ref: pfio ReadOnlyFileCache)", g["open"],
-                      g["rofc"], "ops/s", min_ratio=1.0, details=_det(res["open"]["total"], res["rofc"]["total"])),
-            ratio_row("frozen get 1 KiB ops/s, verify=open/checked once (ref: pfio FileCache.get)", g["open"],
-                      g["pfio"], "ops/s", min_ratio=3.0, details=_det(res["open"]["total"], res["pfio"]["total"])),
-            ratio_row("  live (unfrozen) get 1 KiB ops/s, CRC-32 (info; ref: pfio FileCache.get)", g["live"],
-                      g["pfio"], "ops/s", details=_det(res["live"]["total"], res["pfio"]["total"])),
+            pair("frozen get 1 KiB ops/s, verify=full/CRC-32 per get (ref: pfio FileCache.get)", res, "full", "pfio",
+                 3.0),
+            pair("frozen get 1 KiB ops/s, verify=full/CRC-32 per get (ref: pfio ReadOnlyFileCache)", res_ro, "full",
+                 "rofc", 1.0),
+            pair("frozen get 1 KiB ops/s, verify=open/checked once (ref: pfio ReadOnlyFileCache)", res_open, "open",
+                 "rofc", 1.0),
+            pair("frozen get 1 KiB ops/s, verify=open/checked once (ref: pfio FileCache.get)", res_open_pfio, "open",
+                 "pfio", 3.0),
+            pair("  live (unfrozen) get 1 KiB ops/s, CRC-32 (info; ref: pfio FileCache.get)", res, "live", "pfio",
+                 None),
             Row(f"  freeze of {n:,} x 1 KiB written in index order (in place, no copy)", freeze_s, None, "s"),
+            Row("  IndexCache.open, verify=record: seconds (ref: ReadOnlyFileCache.preload)",
+                median(opens["record"]["total"]), median(opens["rofc"]["total"]), "s",
+                median(opens["rofc"]["total"]) / median(opens["record"]["total"]), "info", None,
+                details=_det(opens["record"]["total"], opens["rofc"]["total"])),
+            Row("  IndexCache.open, verify=full (whole BLAKE3): seconds (ref: ReadOnlyFileCache.preload)",
+                median(opens["full"]["total"]), median(opens["rofc"]["total"]), "s",
+                median(opens["rofc"]["total"]) / median(opens["full"]["total"]), "info", None,
+                details=_det(opens["full"]["total"], opens["rofc"]["total"])),
         ]
         for x in (c, full, fast, live_c):
             x.close()
