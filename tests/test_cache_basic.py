@@ -423,3 +423,25 @@ def test_subclasses_keep_their_class_and_read_the_same(store: casstore.Store) ->
     assert type(plain) is IndexCache  # closed: back to the base class, every read refused
     with pytest.raises(casstore.InvalidInputError, match="closed"):
         plain.get(0)
+
+
+def test_a_preserved_cache_opens_read_only_for_another_user(world_dir: Path) -> None:
+    from conftest import run_as_nobody
+
+    store = casstore.open(world_dir / "store")
+    c = IndexCache(store, 5)
+    for i in range(5):
+        c.put(i, payload(i, 100))
+    c.preserve("shared/train")
+    c.close()
+    out = run_as_nobody("""
+import casstore.cache
+c = casstore.IndexCache.open(sys.argv[1], "shared/train")
+out = {"ok": [c.get(i).hex() for i in range(5)]}
+try:
+    casstore.IndexCache(sys.argv[1], 3)
+except casstore.ReadOnlyError as e:
+    out["live"] = str(e)
+""", str(world_dir / "store"))
+    assert out["ok"] == [payload(i, 100).hex() for i in range(5)]
+    assert "cannot create an index cache" in out["live"]
