@@ -54,7 +54,7 @@ import blake3
 
 from ._fs import process_token
 from ._lock import DEFAULT_TIMEOUT
-from .digest import Digest
+from .digest import Digest, new_hasher
 from .errors import (
     CasstoreError,
     CompressedObjectError,
@@ -68,7 +68,7 @@ from .errors import (
     StoreFormatError,
 )
 from .refs import validate_name
-from .store import Store, open_store
+from .store import Store, _hash_fd, open_store
 
 if TYPE_CHECKING:
     import numpy as np  # imported where needed: ``import casstore`` stays numpy-free
@@ -114,7 +114,6 @@ _MT = 1 << 20  # whole-file hashing uses BLAKE3's thread pool from this size
 _FUSE = 1 << 20  # records this large are hashed and written chunk by chunk (one pass over memory)
 _FUSE_CHUNK = 256 << 10
 _COPY_BUF = 8 << 20
-_HASH_WINDOW = 64 << 20
 _M32 = 0xFFFFFFFF
 _M64 = (1 << 64) - 1
 _K = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5, 0xFF51AFD7ED558CCD)
@@ -152,22 +151,9 @@ def _tags_np(i: np.ndarray, off: np.ndarray, end: np.ndarray, s: np.ndarray, lo:
     return t
 
 
-# blake3's thread pool (max_threads=AUTO) is not fork-safe: in a child forked after the parent
-# used it, a threaded update never returns.  DataLoader workers are such children, so a forked
-# process hashes on its own thread only.
-_forked = False
-
-
-def _mark_forked() -> None:
-    global _forked
-    _forked = True
-
-
-os.register_at_fork(after_in_child=_mark_forked)
-
-
 def _hasher(n: int) -> Any:
-    return blake3.blake3(max_threads=blake3.blake3.AUTO) if n >= _MT and not _forked else blake3.blake3()
+    # digest.new_hasher is fork-safe: blake3's pool hangs in a child forked after the parent used it.
+    return new_hasher(threaded=n >= _MT)
 
 
 def _b3_64(buf: Any, n: int) -> int:
@@ -185,18 +171,6 @@ def _write_hashed(fd: int, buf: Any, off: int) -> int:
         h.update(chunk)
         _pwrite_all(fd, chunk, off + k)
     return int.from_bytes(h.digest(length=8), "little")
-
-
-def _hash_file(fd: int, size: int) -> Digest:
-    """BLAKE3-256 of a whole file through bounded mmap windows (fork-safe, unlike a pooled hasher)."""
-    h = _hasher(size)
-    off = 0
-    while off < size:
-        n = min(_HASH_WINDOW, size - off)
-        with mmap.mmap(fd, n, prot=mmap.PROT_READ, offset=off) as mm:
-            h.update(mm)
-        off += n
-    return Digest(h.hexdigest())
 
 
 def _sum_of(buf: Any, n: int) -> Tuple[int, int]:
@@ -919,7 +893,7 @@ class IndexCache:
         try:
             size = os.fstat(fd).st_size
             if whole is not None:
-                got = _hash_file(fd, size)
+                got = _hash_fd(fd, size)
                 if got != whole:
                     raise IntegrityError(
                         f"{what} is corrupt: object {whole} hashes to {got} (file {path}); "
@@ -995,7 +969,7 @@ class IndexCache:
         assert self._fpath is not None
         d = self.digest
         if d is None:
-            d = self.store._adopt_file(self._fpath, link=True, hash_fd=_hash_file)
+            d = self.store._adopt_file(self._fpath, link=True)
         _fault("preserve:after-object")
         size = os.fstat(self._ffd).st_size
         meta = {"kind": KIND, "length": self.length, "format": FORMAT}
@@ -1079,7 +1053,7 @@ class IndexCache:
                 raise IntegrityError(f"index cache {self._dir}: records {bad[:10]} are corrupt; create a new cache")
             return self.count
         if self.digest is not None:
-            got = _hash_file(self._ffd, os.fstat(self._ffd).st_size)
+            got = _hash_fd(self._ffd, os.fstat(self._ffd).st_size)
             if got != self.digest:
                 raise IntegrityError(f"index cache object {self.digest} is corrupt: it hashes to {got} "
                                      f"(file {self._fpath})")

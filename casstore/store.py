@@ -911,8 +911,7 @@ class Store:
 
         return fetch_object(self, digest, remotes=remotes, verify=verify)
 
-    def _adopt_file(self, path: PathLike, *, link: bool = False,
-                    hash_fd: Optional[Any] = None) -> Digest:
+    def _adopt_file(self, path: PathLike, *, link: bool = False) -> Digest:
         """Make a finished file in this store's ``tmp/`` an object without copying it; return its digest.
 
         The file is hashed through mmap windows while a helper thread fsyncs it
@@ -920,9 +919,7 @@ class Store:
         the temp name stays valid for whoever still reads it) or renamed into
         ``objects/``, and the directory is fsynced.  If the object exists already
         nothing is published (dedupe).  The caller must never change the file
-        again.  Where hard links are refused the bytes are copied instead.  ``hash_fd(fd,
-        size) -> Digest`` replaces the default hasher (IndexCache passes a fork-safe one: blake3's
-        thread pool hangs in a child forked after its parent used it).  Used by
+        again.  Where hard links are refused the bytes are copied instead.  Used by
         ``IndexCache.preserve`` (casstore/cache.py).
         """
         from ._fs import _makedirs
@@ -942,7 +939,7 @@ class Store:
                 th = threading.Thread(target=sync, name="casstore-fsync")
                 th.start()
             try:
-                d = (hash_fd or _hash_fd)(fd, size)
+                d = _hash_fd(fd, size)
             finally:
                 if th is not None:
                     th.join()
