@@ -15,6 +15,7 @@ from .digest import Digest
 from .errors import (
     AmbiguousDigestError,
     BackendError,
+    CacheIndexError,
     CasstoreError,
     CompressedObjectError,
     FrozenError,
@@ -62,6 +63,7 @@ __all__ = [
     "ReadOnlyError",
     "BackendError",
     "RemoteConflictError",
+    "CacheIndexError",
     "CompressedObjectError",
     "__version__",
 ]

@@ -56,6 +56,7 @@ from ._fs import process_token
 from ._lock import DEFAULT_TIMEOUT
 from .digest import Digest, new_hasher
 from .errors import (
+    CacheIndexError,
     CasstoreError,
     CompressedObjectError,
     FrozenError,
@@ -127,10 +128,6 @@ _fault_hook: Optional[Callable[[str], None]] = None
 def _fault(point: str) -> None:
     if _fault_hook is not None:
         _fault_hook(point)
-
-
-class CacheIndexError(InvalidInputError, IndexError):
-    """An index outside ``0 .. length-1`` (also an ``IndexError``, as Python sequences raise)."""
 
 
 def _tag(i: int, off: int, end: int, s: int, lo: int) -> int:

@@ -22,6 +22,7 @@ __all__ = [
     "ReadOnlyError",
     "BackendError",
     "RemoteConflictError",
+    "CacheIndexError",
     "CompressedObjectError",
 ]
 
@@ -85,3 +86,7 @@ class RemoteConflictError(BackendError):
 
 class CompressedObjectError(CasstoreError, ValueError):
     """A raw path was asked for an object that is stored compressed."""
+
+
+class CacheIndexError(InvalidInputError, IndexError):
+    """An index cache index outside ``0 .. length-1`` (also an ``IndexError``, as sequences raise)."""
