@@ -129,6 +129,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def casstore_digest(data: bytes) -> Any:
+    """The digest ``data`` would be stored under (no store needed)."""
+    from .digest import hash_bytes
+
+    return hash_bytes(data)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Put, dedupe, get and verify on the default store; explain each step."""
     store = _store(args)
@@ -140,10 +147,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     d2 = store.put(bytes(payload))
     print(f"put {_human(len(payload))} twice -> {d1.short()} both times: {d1 == d2} "
           f"({(time.perf_counter() - t) * 1e3:.1f} ms)")
-    dz = store.put(payload, compress=True)
+    text = ("\n".join(f"step {i} loss {1 / (i + 1):.6f}" for i in range(20000))).encode()
+    dz = store.put(text, compress=True)
     info = store.stat(dz)
-    print(f"compress=True gives the same digest: {dz == d1}; stored as {store.stat(d1).codec} "
-          f"({_human(store.stat(d1).stored_size)}) -- first copy wins, codec never changes the address")
+    print(f"put a {_human(info.size)} training log with compress=True -> {dz.short()}, stored {info.codec} "
+          f"in {_human(info.stored_size)}; the digest is that of the uncompressed bytes: "
+          f"{dz == casstore_digest(text)}")
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "weights.bin"
         src.write_bytes(os.urandom(8 << 20))
@@ -156,8 +165,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
         same = store.get(d3) == src.read_bytes()
     print(f"get verified the BLAKE3 digest and returned identical bytes: {same}")
     print(f"raw object path for h5py/np.memmap (read-only): {store.path(d3)}")
+    with store.edit("demo") as m:
+        m["payload.txt"] = d1
+        m["train.log"] = dz
+        m["weights.bin"] = d3
+        m.meta["note"] = "recorded by casstore demo"
+    versions = len(store.history("demo"))
+    print(f"manifest 'demo' -> {m.result.digest.short() if m.result else '?'} "
+          f"({versions} version{'s' if versions != 1 else ''}; see `casstore manifest show demo`, "
+          "`casstore log demo`)")
     after = sum(1 for _ in store.iter_objects())
-    print(f"objects in store: {before} before, {after} after (3 puts of one payload stored once)")
+    print(f"objects in store: {before} before, {after} after (two puts of one payload stored once; "
+          "the manifest version is an object too)")
     return 0
 
 

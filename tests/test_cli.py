@@ -167,12 +167,13 @@ def test_demo(tmp_path: Path) -> None:
     out = _ok(cli(tmp_path, "--store", str(store), "demo"))
     assert f"store: {store}" in out
     assert "both times: True" in out
-    assert "compress=True gives the same digest: True" in out
+    assert "stored zstd" in out and "the digest is that of the uncompressed bytes: True" in out
     assert "codec raw (compression skipped" in out
     assert "returned identical bytes: True" in out
-    assert "objects in store: 0 before, 2 after" in out
+    assert "objects in store: 0 before, 4 after" in out
     s = casstore.open(store, create=False)
-    assert len(list(s.iter_objects())) == 2
+    assert len(list(s.iter_objects())) == 4
+    assert sorted(s.manifest("demo")) == ["payload.txt", "train.log", "weights.bin"]
     assert all(name_of(p) == b3(casstore.open(store).get(name_of(p))) for p in object_files(store))
 
 
