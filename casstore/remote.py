@@ -968,8 +968,9 @@ class _RefPlan:
 
 def _resolve_local(store: Store, names: Sequence[str]) -> List[Tuple[str, str, Digest]]:
     if not names:
-        out = [("pins", n, d) for n, d in store.pins().items()]
-        out += [("heads", n, d) for n, d in store.heads().items() if n not in store.pins()]
+        pins = store.pins()
+        out = [("pins", n, d) for n, d in pins.items()]
+        out += [("heads", n, d) for n, d in store.heads().items() if n not in pins]
         return out
     res = []
     for name in names:

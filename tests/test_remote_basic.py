@@ -315,6 +315,17 @@ def test_diverged_heads_conflict_then_merge(tmp_path: Path, remote: casstore.Rem
     assert b.heads()["h"] == before
     b.pull(remote, "h", merge="theirs")
     assert b.get(b.manifest("h")["edited"].digest) == b"a's value"
+    # force overwrites a diverged remote head (compare-and-swap still guards the write).
+    with a.edit("h") as m:
+        m["a-again"] = a.put(b"a again")
+    a.push(remote, "h")
+    with b.edit("h") as m:
+        m["b-again"] = b.put(b"b again")
+    with pytest.raises(casstore.RemoteConflictError):
+        b.push(remote, "h")
+    assert b.push(remote, "h", force=True).refs == {"heads/h": "forced"}
+    got = remote.read_ref("heads", "h")
+    assert got is not None and got[0] == b.heads()["h"]
 
 
 def test_push_refuses_closure_missing_everywhere(tmp_path: Path, remote: casstore.Remote, seaweed: Any) -> None:
@@ -500,6 +511,9 @@ def test_wrong_credentials_and_missing_bucket(tmp_path: Path, seaweed: Any, remo
                               session=boto3.session.Session(aws_access_key_id="nobody", aws_secret_access_key="x"))
     with pytest.raises(casstore.BackendError, match="remote 'team'.*credentials.*InvalidAccessKeyId"):
         unknown.read_ref("heads", "h")
+    # The right profile works (the wrong one failed above although the environment's keys are right).
+    assert casstore.Remote(remote_url, endpoint_url=seaweed.endpoint, profile="casstore-test").read_ref("heads", "h") \
+        is None
     nobucket = casstore.Remote("s3://no-such-bucket-here/x", endpoint_url=seaweed.endpoint, name="nb")
     with pytest.raises(casstore.BackendError, match="bucket 'no-such-bucket-here' does not exist"):
         a.push(nobucket, "h")
