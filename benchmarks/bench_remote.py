@@ -53,15 +53,18 @@ class _Server:
     """One SeaweedFS for the whole benchmark module (started lazily, stopped at the end)."""
 
     srv: Any = None
+    aws_dir: Any = None
 
     @classmethod
     def get(cls) -> Any:
         """The server (started on first use)."""
         if cls.srv is None:
+            import tempfile
+
             import _seaweed
 
-            tmp = Path(os.environ.get("CASSTORE_BENCH_TMP") or "/tmp")
-            os.environ.update(_seaweed.aws_env(Path(_mk(tmp / f"casstore-bench-aws-{os.getpid()}"))))
+            cls.aws_dir = Path(tempfile.mkdtemp(prefix="casstore-bench-aws-"))
+            os.environ.update(_seaweed.aws_env(cls.aws_dir))
             cls.srv = _seaweed.start_seaweed()
             cls.srv.client().create_bucket(Bucket=BUCKET)
         return cls.srv
@@ -72,6 +75,9 @@ class _Server:
         if cls.srv is not None:
             cls.srv.stop()
             cls.srv = None
+        if cls.aws_dir is not None:
+            rmtree(cls.aws_dir)
+            cls.aws_dir = None
 
 
 def _mk(p: Path) -> Path:
