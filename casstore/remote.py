@@ -57,6 +57,7 @@ from typing import (
 )
 
 from ._fs import Staging, fsync_dir, write_file_atomic
+from ._gclock import commit_lock
 from ._layout import LOCKS, RAW, TMP
 from ._lock import FileLock
 from ._progress import Progress
@@ -1365,12 +1366,26 @@ def pull(store: Store, remote: Union[Remote, str], *names: str, merge: Union[boo
     return report
 
 
+def _require_closure(store: Store, d: Digest, name: str, rem: Remote) -> None:
+    """The pulled version and its entries must all be here before a ref names them."""
+    man = store.manifest(d)
+    missing = [k for k in man if not store._exists(man[k].digest)]
+    if missing:
+        raise ObjectNotFoundError(
+            f"pull of {name!r} from {rem.describe()}: {len(missing)} object(s) of {d.short()} vanished locally "
+            f"before the ref was written (a gc ran meanwhile?), e.g. {missing[0]!r}; pull again"
+        )
+
+
 def _update_local_ref(store: Store, rem: Remote, kind: str, name: str, d: Digest,
                       merge: Union[bool, str]) -> str:
     from .manifest import _remove_ref
 
     root = store.root
-    with FileLock(lock_path(root, "names", name), what=f"manifest {name!r}"):
+    # The GC lock, shared, as for any commit: a gc cannot delete the pulled
+    # objects between the check below and the ref landing (docs/maintenance.md).
+    with FileLock(lock_path(root, "names", name), what=f"manifest {name!r}"), commit_lock(store):
+        _require_closure(store, d, name, rem)
         pin = read_ref(root, "pins", name)
         head = read_ref(root, "heads", name)
         if kind == "pins":
