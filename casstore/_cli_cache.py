@@ -11,6 +11,8 @@ import json
 import sys
 from typing import Any, Callable
 
+from ._progress import human_bytes
+
 __all__ = ["register"]
 
 Add = Callable[[str, Callable[[argparse.Namespace], int], str], argparse.ArgumentParser]
@@ -21,15 +23,6 @@ def _open(args: argparse.Namespace, verify: str) -> Any:
     from .cli import open_from_args
 
     return IndexCache.open(open_from_args(args, create=False), args.name, verify=verify)
-
-
-def _human(n: int) -> str:
-    x = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if x < 1024 or unit == "TiB":
-            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
-        x /= 1024
-    return f"{n} B"  # pragma: no cover
 
 
 def cmd_cache_info(args: argparse.Namespace) -> int:
@@ -47,7 +40,8 @@ def cmd_cache_info(args: argparse.Namespace) -> int:
     if info["manifest"]:
         print(f"  manifest  {info['manifest']}")
     print(f"  records   {info['records']:,} of {info['length']:,} indices")
-    print(f"  payload   {_human(info['bytes'])}  (file {_human(info['file_bytes'])}, format {info['format']})")
+    size, file_size = human_bytes(info["bytes"]), human_bytes(info["file_bytes"])
+    print(f"  payload   {size}  (file {file_size}, format {info['format']})")
     print(f"  file      {info['file']}")
     return 0
 

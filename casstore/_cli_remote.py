@@ -83,9 +83,9 @@ def cmd_remote_ls(args: argparse.Namespace) -> int:
         for name, d in refs[kind].items():
             print(f"{kind[:-1]:4}  {d}  {name}")
     if args.objects:
-        from .cli import human_size
+        from ._progress import human_bytes
 
-        print(f"{doc['objects']} object(s), {human_size(doc['bytes'])}")
+        print(f"{doc['objects']} object(s), {human_bytes(doc['bytes'])}")
     return 0
 
 

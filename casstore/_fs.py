@@ -35,6 +35,8 @@ __all__ = [
     "sweep_stale",
     "process_token",
     "syncfs",
+    "pwrite_all",
+    "copy_range",
     "STALE_AGE",
 ]
 
@@ -122,6 +124,49 @@ def syncfs(path: os.PathLike[str] | str) -> None:
             raise OSError(err, os.strerror(err), str(path))
     finally:
         os.close(fd)
+
+
+def pwrite_all(fd: int, buf: bytes | bytearray | memoryview, off: int) -> None:
+    """``pwrite`` all of ``buf`` at ``off``, looping over short writes."""
+    mv = memoryview(buf).cast("B")
+    n = len(mv)
+    done = os.pwrite(fd, mv, off)
+    while done < n:  # short writes: disk nearly full, signals
+        w = os.pwrite(fd, mv[done:], off + done)
+        if w <= 0:  # pragma: no cover
+            raise OSError(errno.EIO, "short write")
+        done += w
+
+
+_COPY_BUF = 8 << 20
+
+
+def copy_range(src: int, dst: int, n: int, src_off: int = 0, dst_off: int = 0) -> int:
+    """Copy ``n`` bytes between files, in the kernel (``copy_file_range``) where possible.
+
+    Falls back to pread/pwrite through a bounded buffer across filesystems or
+    where the call is unsupported.  Returns the bytes copied: fewer than ``n``
+    only if ``src`` ended early (callers decide what that means).
+    """
+    done = 0
+    try:
+        while done < n:
+            k = os.copy_file_range(src, dst, min(n - done, 1 << 30), src_off + done, dst_off + done)
+            if k == 0:
+                break
+            done += k
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+    if done < n:
+        mv = memoryview(bytearray(min(n - done, _COPY_BUF)))
+        while done < n:
+            k = os.preadv(src, [mv[: min(len(mv), n - done)]], src_off + done)
+            if k == 0:
+                break
+            pwrite_all(dst, mv[:k], dst_off + done)
+            done += k
+    return done
 
 
 class Staging:

@@ -32,7 +32,6 @@ How it is built (the reasons are in docs/index-cache.md):
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import mmap
@@ -52,7 +51,8 @@ from zlib import crc32 as _crc32
 
 import blake3
 
-from ._fs import process_token
+from ._fs import copy_range, process_token
+from ._fs import pwrite_all as _pwrite_all
 from ._lock import DEFAULT_TIMEOUT
 from .digest import Digest, new_hasher
 from .errors import (
@@ -183,16 +183,6 @@ def _sum_ok(buf: Any, s: int, lo: int) -> bool:
     return zlib.crc32(buf) == s
 
 
-def _pwrite_all(fd: int, buf: Any, off: int) -> None:
-    mv = memoryview(buf)
-    n = len(mv)
-    done = os.pwrite(fd, mv, off)
-    while done < n:  # short writes: disk full, signals
-        w = os.pwrite(fd, mv[done:], off + done)
-        if w <= 0:  # pragma: no cover
-            raise OSError(errno.EIO, "short write")
-        done += w
-
 
 def _pread_all(fd: int, n: int, off: int) -> bytes:
     b = os.pread(fd, n, off)
@@ -211,22 +201,8 @@ def _pread_all(fd: int, n: int, off: int) -> bytes:
 
 def _copy_range(src: int, dst: int, n: int, src_off: int, dst_off: int) -> None:
     """Copy ``n`` bytes between files in the kernel where possible."""
-    done = 0
-    try:
-        while done < n:
-            k = os.copy_file_range(src, dst, n - done, src_off + done, dst_off + done)
-            if k == 0:
-                break
-            done += k
-    except OSError as e:
-        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-            raise
-    while done < n:
-        b = os.pread(src, min(n - done, _COPY_BUF), src_off + done)
-        if not b:
-            raise IntegrityError(f"index cache data file ended early while freezing (fd {src}, offset {src_off})")
-        _pwrite_all(dst, b, dst_off + done)
-        done += len(b)
+    if copy_range(src, dst, n, src_off, dst_off) != n:
+        raise IntegrityError(f"index cache data file ended early while freezing (fd {src}, offset {src_off})")
 
 
 def _remove_tree(path: str, owner: int) -> None:

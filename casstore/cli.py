@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from . import __version__
+from ._progress import human_bytes
 from .errors import CasstoreError, ObjectNotFoundError
 from .store import Store, open_store
 
-__all__ = ["main", "default_store_dir", "open_from_args", "human_size"]
+__all__ = ["main", "default_store_dir", "open_from_args"]
 
 
 def default_store_dir() -> Path:
@@ -30,19 +31,6 @@ def default_store_dir() -> Path:
     from .settings import current
 
     return Path(current().store).expanduser()
-
-
-def human_size(n: float) -> str:
-    """``1536`` -> ``"1.5 KiB"``."""
-    return _human(n)
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover
 
 
 def _compress_arg(value: str) -> Any:
@@ -145,13 +133,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     t = time.perf_counter()
     d1 = store.put(payload)
     d2 = store.put(bytes(payload))
-    print(f"put {_human(len(payload))} twice -> {d1.short()} both times: {d1 == d2} "
+    print(f"put {human_bytes(len(payload))} twice -> {d1.short()} both times: {d1 == d2} "
           f"({(time.perf_counter() - t) * 1e3:.1f} ms)")
     text = ("\n".join(f"step {i} loss {1 / (i + 1):.6f}" for i in range(20000))).encode()
     dz = store.put(text, compress=True)
     info = store.stat(dz)
-    print(f"put a {_human(info.size)} training log with compress=True -> {dz.short()}, stored {info.codec} "
-          f"in {_human(info.stored_size)}; the digest is that of the uncompressed bytes: "
+    print(f"put a {human_bytes(info.size)} training log with compress=True -> {dz.short()}, stored {info.codec} "
+          f"in {human_bytes(info.stored_size)}; the digest is that of the uncompressed bytes: "
           f"{dz == casstore_digest(text)}")
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "weights.bin"
@@ -213,7 +201,7 @@ def cmd_manifest_show(args: argparse.Namespace) -> int:
         print(f"  meta {k} = {v!r}")
     for k in man:
         e = man[k]
-        size = "?" if e.size is None else _human(e.size)
+        size = "?" if e.size is None else human_bytes(e.size)
         print(f"  {e.digest.short()}  {size:>10}  {k}")
     return 0
 

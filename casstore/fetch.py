@@ -24,7 +24,6 @@ import http.client
 import logging
 import os
 import shutil
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -37,6 +36,7 @@ import msgpack
 from ._fs import process_token
 from ._layout import LOCKS, RAW, TMP
 from ._lock import FileLock
+from ._progress import Progress
 from .digest import Digest, new_hasher
 from .errors import (
     BackendError,
@@ -58,33 +58,6 @@ log = logging.getLogger("casstore.fetch")
 DeriveFn = Callable[[Dict[str, Path], Path], Any]
 CHUNK = 1 << 20
 _RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
-
-
-class _Progress:
-    """A one-line progress bar on a terminal; silent when stderr is not a tty."""
-
-    def __init__(self, label: str, total: Optional[int], enabled: Optional[bool]) -> None:
-        self.label = label
-        self.total = total
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.done = 0
-        self._last = 0.0
-        self._t0 = time.monotonic()
-
-    def update(self, n: int) -> None:
-        self.done += n
-        now = time.monotonic()
-        if self.enabled and now - self._last > 0.2:
-            self._last = now
-            rate = self.done / max(now - self._t0, 1e-9) / 2**20
-            pct = f"{100 * self.done / self.total:5.1f}% " if self.total else ""
-            sys.stderr.write(f"\r{self.label}: {pct}{self.done / 2**20:.1f} MiB {rate:.1f} MiB/s ")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
 
 
 def _url_key(url: str) -> str:
@@ -193,7 +166,7 @@ def _download(store: Store, url: str, want_digest: Optional[Digest], want: Dict[
     got = 0
     attempt = 0
     validator: Optional[str] = None  # ETag or Last-Modified of the first response
-    bar = _Progress(f"fetch {url.rsplit('/', 1)[-1] or url}", None, progress)
+    bar = Progress(None, desc=f"fetch {url.rsplit('/', 1)[-1] or url}", enabled=progress)
     try:
         while True:
             try:

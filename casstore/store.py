@@ -37,7 +37,7 @@ from typing import (
 )
 
 from . import _codec
-from ._fs import Staging, fsync_dir, sweep_stale, syncfs, write_file_atomic
+from ._fs import Staging, copy_range, fsync_dir, sweep_stale, syncfs, write_file_atomic
 from ._layout import (
     CONFIG_FILE,
     RAW,
@@ -136,26 +136,8 @@ def _hash_fd(fd: int, size: int, *, threaded: bool = True) -> Digest:
 
 
 def _copy_fd(src: int, dst: int, size: int) -> None:
-    """Copy ``size`` bytes in the kernel (copy_file_range), falling back to read/write."""
-    off = 0
-    try:
-        while off < size:
-            n = os.copy_file_range(src, dst, min(size - off, 1 << 30), off, off)
-            if n == 0:
-                break
-            off += n
-    except OSError as e:
-        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-            raise
-    if off < size:
-        buf = bytearray(CHUNK)
-        mv = memoryview(buf)
-        while off < size:
-            n = os.preadv(src, [mv[: min(CHUNK, size - off)]], off)
-            if n == 0:
-                break
-            os.pwrite(dst, mv[:n], off)
-            off += n
+    """Copy ``size`` bytes from offset 0 (in the kernel where possible); refuse a shrinking source."""
+    off = copy_range(src, dst, size)
     if off != size:
         raise IntegrityError(f"source file shrank while it was being stored ({off} of {size} bytes)")
 
