@@ -26,6 +26,7 @@ import logging
 import os
 import random
 import time
+import weakref
 from pathlib import Path
 from types import TracebackType
 from typing import Optional, Type
@@ -39,6 +40,26 @@ log = logging.getLogger("casstore.lock")
 
 DEFAULT_TIMEOUT = 600.0
 
+# Locks this process holds.  A forked child closes its copies at once (without
+# unlocking, which would release the parent's lock too), so a DataLoader
+# worker or pool process started inside ``edit()`` or a ``derive`` fn can
+# never keep a name locked after its parent released it or died.
+_held: weakref.WeakSet[FileLock] = weakref.WeakSet()
+
+
+def _close_inherited_locks() -> None:
+    for lk in list(_held):
+        fd, lk._fd = lk._fd, -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:  # pragma: no cover
+                pass
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)
+
 
 class FileLock:
     """An exclusive (or shared) fcntl lock on ``path``, usable as a context manager.
@@ -47,7 +68,7 @@ class FileLock:
     purpose in log lines and errors ("manifest 'exp-42'").
     """
 
-    __slots__ = ("path", "timeout", "what", "shared", "log_every", "_fd", "mode")
+    __slots__ = ("path", "timeout", "what", "shared", "log_every", "_fd", "mode", "_pid", "__weakref__")
 
     def __init__(self, path: Path, *, timeout: Optional[float] = DEFAULT_TIMEOUT, what: str = "",
                  shared: bool = False, log_every: float = 10.0, mode: int = 0o666) -> None:
@@ -58,6 +79,7 @@ class FileLock:
         self.log_every = log_every
         self.mode = mode
         self._fd = -1
+        self._pid = 0
 
     @property
     def held(self) -> bool:
@@ -92,6 +114,8 @@ class FileLock:
                 try:
                     fcntl.flock(fd, op)
                     self._fd = fd
+                    self._pid = os.getpid()
+                    _held.add(self)
                     return self
                 except OSError as e:
                     if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
@@ -118,10 +142,19 @@ class FileLock:
             raise
 
     def release(self) -> None:
-        """Release the lock (closing the descriptor releases the flock)."""
+        """Release the lock: unlock explicitly, then close.
+
+        Closing alone is not enough: a child forked while the lock was held
+        shares the open file description, and the flock would live on in it.
+        """
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
-            os.close(fd)
+            _held.discard(self)
+            try:
+                if os.getpid() == self._pid:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
 
     def __enter__(self) -> FileLock:
         return self.acquire()
