@@ -175,7 +175,10 @@ class _ObjectReader(io.RawIOBase):
         if self._codec != RAW:
             raise io.UnsupportedOperation("compressed objects are read sequentially")
         pos = self._file.seek(offset, whence)
-        self._hasher = None
+        if pos != self._seen:
+            # Not where the hash has got to: this reader can no longer see
+            # every byte in order, so it stops verifying (documented).
+            self._hasher = None
         return pos
 
     def tell(self) -> int:
@@ -636,7 +639,13 @@ class Store:
         return data
 
     def open(self, digest: DigestLike, *, verify: bool = True) -> BinaryIO:
-        """Open an object for streaming, read-only.  A full read verifies the digest."""
+        """Open an object for streaming, read-only.
+
+        Reading it to the end in order verifies the digest (IntegrityError
+        before the last bytes are returned).  Seeking anywhere but the current
+        position turns verification off for this reader: it can no longer see
+        every byte in order.
+        """
         d = self._digest(digest)
         path, codec = self._locate(d)
         size = self._zstd_size(path, d) if codec == ZSTD else os.stat(path).st_size
