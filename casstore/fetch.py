@@ -238,7 +238,7 @@ def _download(store: Store, url: str, want_digest: Optional[Digest], want: Dict[
                 raise IntegrityError(
                     f"download of {url} has {algo} {sums[algo]}, expected {v}; nothing was stored"
                 )
-        if d in store:
+        if store._touch(d):  # present: refreshed, so GC's grace covers the edit that follows
             st.abort()
         else:
             store._publish(st, d, RAW)

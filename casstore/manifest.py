@@ -493,13 +493,27 @@ def freeze(store: Store, name: str, *, timeout: Optional[float] = DEFAULT_TIMEOU
 
 
 def pin(store: Store, name: str, target: Union[str, Digest], *, force: bool = False,
-        timeout: Optional[float] = DEFAULT_TIMEOUT) -> Digest:
-    """Pin a version (by digest or by another name) under ``name``."""
+        timeout: Optional[float] = DEFAULT_TIMEOUT, allow_missing: bool = False) -> Digest:
+    """Pin a version (by digest or by another name) under ``name``.
+
+    The version and every object it names must be in the store (invariant 2:
+    nothing refers to a missing object) unless ``allow_missing`` (remote-only
+    objects).  GC cannot delete them meanwhile: the check runs under the
+    store's commit lock.
+    """
     name = validate_name(name)
     d = resolve_target(store, target)[0]
     with FileLock(lock_path(store.root, "names", name), timeout=timeout, what=f"pin {name!r}"), \
             commit_lock(store, timeout=timeout):
-        _load(store, d)  # must exist and be a manifest; gc cannot delete it while we hold commit_lock
+        man = _load(store, d)  # must exist and be a manifest; gc cannot delete it while we hold commit_lock
+        if not allow_missing:
+            for key in man:
+                if not store._exists(man[key].digest):
+                    raise ObjectNotFoundError(
+                        f"cannot pin {d} as {name!r}: its entry {key!r} refers to {man[key].digest}, which is "
+                        "not in the store (collected by gc or limit?); put it again, or pin with "
+                        "allow_missing=True if it lives on a remote"
+                    )
         if read_ref(store.root, "heads", name) is not None:
             raise InvalidInputError(f"{name!r} is a head (editable manifest); use store.freeze({name!r}) instead")
         old = read_ref(store.root, "pins", name)

@@ -763,11 +763,14 @@ class Store:
         return freeze(self, name, timeout=timeout)
 
     def pin(self, name: str, target: DigestLike, *, force: bool = False,
-            timeout: Optional[float] = 600.0) -> Digest:
-        """Name a manifest version (digest or another name) with a pin; moving one needs ``force``."""
+            timeout: Optional[float] = 600.0, allow_missing: bool = False) -> Digest:
+        """Name a manifest version (digest or another name) with a pin; moving one needs ``force``.
+
+        Every object the version names must be present unless ``allow_missing``.
+        """
         from .manifest import pin
 
-        return pin(self, name, target, force=force, timeout=timeout)
+        return pin(self, name, target, force=force, timeout=timeout, allow_missing=allow_missing)
 
     def unpin(self, name: str, *, timeout: Optional[float] = 600.0) -> Digest:
         """Remove a pin's name; its objects are collected later by GC if nothing else holds them."""

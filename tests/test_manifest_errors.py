@@ -510,3 +510,14 @@ def test_nested_edit_of_the_same_name_times_out_naming_the_lock(mstore: casstore
         with mstore.edit("other", timeout=0) as m2:
             m2["k"] = obj
     assert sorted(mstore.heads()) == ["exp", "other"]
+
+
+def test_pin_refuses_a_version_whose_objects_are_missing(mstore: casstore.Store) -> None:
+    """Invariant 2: no ref may name a version whose entries are not in the store."""
+    ghost = casstore.Digest("ab" * 32)  # never stored
+    d = mstore.put(raw_manifest_bytes({"w.npy": [ghost.raw, 10]}))
+    with pytest.raises(casstore.ObjectNotFoundError, match="w.npy"):
+        mstore.pin("model", d)
+    assert "model" not in mstore.pins()
+    assert mstore.pin("model", d, allow_missing=True) == d  # remote-only objects, explicitly
+    assert mstore.pins()["model"] == d
