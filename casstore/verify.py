@@ -191,14 +191,20 @@ def _check_file(f: ObjFile, expected: Optional[int], fast: bool) -> Tuple[str, i
     try:
         size = f.size  # from the scan; a file that differs fails its hash or the read
         if f.codec == RAW:
-            if expected is not None and size != expected:
-                return "corrupt", 0, f"file {f.path} has {size} bytes but a manifest says {expected} (truncated?)"
             if size == 0 and f.hex != EMPTY_HEX:
                 return "corrupt", 0, f"file {f.path} is empty (lost in a crash?)"
             if fast:
+                if expected is not None and size != expected:
+                    return "corrupt", 0, f"file {f.path} has {size} bytes but a manifest says {expected} (truncated?)"
                 return "ok", 0, ""
+            # Full mode: the hash decides.  A manifest entry's size can be wrong (an
+            # entry recorded with allow_missing, a pulled manifest); a file whose bytes
+            # hash to its name is good and must never be quarantined.
             got = _hash_raw(fd, size)
             if got != f.hex:
+                if expected is not None and size != expected:
+                    return "corrupt", size, (f"file {f.path} has {size} bytes but a manifest says {expected} "
+                                             f"(truncated?) and hashes to blake3:{got}")
                 return "corrupt", size, f"file {f.path} hashes to blake3:{got}"
             return "ok", size, ""
         # zstd: magic number at the start, size trailer at the end (docs/format.md)
@@ -207,11 +213,11 @@ def _check_file(f: ObjFile, expected: Optional[int], fast: bool) -> Tuple[str, i
             return "corrupt", 0, f"compressed file {f.path} has no size trailer (truncated or damaged)"
         if os.pread(fd, 4, 0) != _ZSTD_MAGIC:
             return "corrupt", 0, f"compressed file {f.path} does not start with a zstd frame"
-        if expected is not None and usize != expected:
-            return "corrupt", 0, f"compressed file {f.path} holds {usize} bytes but a manifest says {expected}"
         if fast:
+            if expected is not None and usize != expected:
+                return "corrupt", 0, f"compressed file {f.path} holds {usize} bytes but a manifest says {expected}"
             return "ok", 0, ""
-        h = blake3.blake3()
+        h = new_hasher()
         n = 0
         with open(fd, "rb", buffering=0, closefd=False) as raw:
             try:

@@ -280,3 +280,16 @@ def test_cli_verify_is_quiet_when_piped_and_exits_1_on_damage(populated: casstor
 
     doc = json.loads(r.stdout)
     assert doc["corrupt"] == [str(d)] and doc["ok"] is False
+
+
+def test_a_wrong_size_in_a_manifest_never_quarantines_good_bytes(store: casstore.Store) -> None:
+    """The hash decides: a manifest's size can be wrong (allow_missing, pulled manifests)."""
+    import msgpack
+
+    d = store.put(b"twenty-three bytes long")
+    doc = {"casstore": "manifest", "entries": {"k": [d.raw, 5]}, "meta": {}, "parent": None, "v": 1}
+    store.pin("wrong-size", store.put(msgpack.packb(doc, use_bin_type=True)))
+    rep = store.verify(repair=True)
+    assert d not in rep.corrupt
+    assert store.get(d) == b"twenty-three bytes long"  # still there, not moved to bad/
+    assert d in store.verify(fast=True).corrupt  # the fast check can only suspect it
