@@ -22,17 +22,20 @@ import errno
 import os
 import re
 import secrets
+import shutil
 import socket
+import stat as stat_mod
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Iterable, List, Optional, Type
+from typing import List, Optional, Type
 
 __all__ = [
     "Staging",
     "fsync_dir",
     "write_file_atomic",
     "sweep_stale",
+    "stale_entries",
     "process_token",
     "syncfs",
     "pwrite_all",
@@ -268,41 +271,67 @@ def write_file_atomic(tmpdir: Path, dest: Path, data: bytes, *, durable: bool = 
         st.commit(dest, durable=durable, mode=mode)
 
 
-def sweep_stale(tmpdir: Path, *, max_age: float = STALE_AGE, now: Optional[float] = None) -> List[Path]:
-    """Remove temp files whose writer is dead (or, if unknowable, that are old).
+def _newest_mtime(path: Path) -> float:
+    """mtime of ``path``, or for a directory the newest mtime of anything in it.
 
-    A file from this host is removed only if its writer process is gone (or the
-    pid now belongs to a different process: the start time differs).  Files
-    from other hosts, or with names we did not make, go after ``max_age``
-    seconds.  A live writer's file is never removed.  Returns what was removed.
+    A directory's own mtime moves only when entries are added or removed; a
+    live index cache appends to files that already exist, so judging it by the
+    directory alone would call a busy cache stale.
     """
-    removed: List[Path] = []
+    st = os.lstat(path)
+    newest = st.st_mtime
+    if stat_mod.S_ISDIR(st.st_mode):
+        for dirpath, _dirs, files in os.walk(path):
+            for name in files:
+                try:
+                    newest = max(newest, os.lstat(os.path.join(dirpath, name)).st_mtime)
+                except FileNotFoundError:
+                    continue
+    return newest
+
+
+def stale_entries(tmpdir: Path, *, max_age: float = STALE_AGE, now: Optional[float] = None) -> List[Path]:
+    """The entries of ``tmpdir`` whose writer is provably dead, or unknowable and old.
+
+    An entry from this host is stale only if its writer process is gone (or the
+    pid now belongs to a different process: the start time differs, or it is a
+    zombie).  Entries from other hosts, or with names we did not make, are stale
+    once nothing in them changed for ``max_age`` seconds.
+    """
+    out: List[Path] = []
     now = time.time() if now is None else now
     try:
-        names: Iterable[str] = os.listdir(tmpdir)
+        names = sorted(os.listdir(tmpdir))
     except FileNotFoundError:
-        return removed
+        return out
     for name in names:
         path = tmpdir / name
         m = _TMP_RE.match(name)
-        stale = False
         if m and m.group(3) == _HOST:
             stale = not _writer_alive(int(m.group(1)), int(m.group(2)))
         else:
             try:
-                stale = now - os.lstat(path).st_mtime > max_age
+                stale = now - _newest_mtime(path) > max_age
             except FileNotFoundError:
                 continue
         if stale:
-            try:
-                if os.path.isdir(path) and not os.path.islink(path):
-                    import shutil
+            out.append(path)
+    return out
 
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    os.unlink(path)
-                removed.append(path)
-            except OSError as e:  # pragma: no cover - raced with another sweeper
-                if e.errno not in (errno.ENOENT,):
-                    raise
+
+def sweep_stale(tmpdir: Path, *, max_age: float = STALE_AGE, now: Optional[float] = None) -> List[Path]:
+    """Remove the :func:`stale_entries` of ``tmpdir``; a live writer's file is never removed.
+
+    Returns what was removed.
+    """
+    removed: List[Path] = []
+    for path in stale_entries(tmpdir, max_age=max_age, now=now):
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:  # raced with another sweeper
+            continue
     return removed

@@ -40,7 +40,7 @@ import blake3
 import msgpack
 
 from . import _codec
-from ._fs import _HOST, _TMP_RE, STALE_AGE, _writer_alive, sweep_stale, write_file_atomic
+from ._fs import stale_entries, sweep_stale, write_file_atomic
 from ._layout import BAD, OBJECTS, RAW, TMP
 from ._progress import Progress, human_bytes
 from ._shared import STATE, makedirs
@@ -245,24 +245,7 @@ def _check_file(f: ObjFile, expected: Optional[int], fast: bool) -> Tuple[str, i
 
 def _stale_tmp(tmpdir: Path, now: float) -> List[Path]:
     """Staging files :func:`casstore._fs.sweep_stale` would remove (without removing them)."""
-    out: List[Path] = []
-    try:
-        names = sorted(os.listdir(tmpdir))
-    except FileNotFoundError:
-        return out
-    for name in names:
-        path = tmpdir / name
-        m = _TMP_RE.match(name)
-        if m and m.group(3) == _HOST:
-            stale = not _writer_alive(int(m.group(1)), int(m.group(2)))
-        else:
-            try:
-                stale = now - os.lstat(path).st_mtime > STALE_AGE
-            except FileNotFoundError:
-                continue
-        if stale:
-            out.append(path)
-    return out
+    return stale_entries(tmpdir, now=now)
 
 
 # -- incremental state ---------------------------------------------------------------------------
