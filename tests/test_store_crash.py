@@ -218,7 +218,7 @@ def test_temp_files_of_other_hosts_and_strangers_go_by_age(store: casstore.Store
     old_dir.mkdir()
     (old_dir / "inner").write_bytes(b"x")
     old = time.time() - _fs.STALE_AGE - 60
-    for f in (other_old, stranger_old, old_dir):
+    for f in (other_old, stranger_old, old_dir / "inner", old_dir):  # nothing inside changed either
         os.utime(f, (old, old))
     casstore.open(store.root)
     assert sorted(tmp_files(store.root)) == sorted([other_new.name, stranger_new.name])
