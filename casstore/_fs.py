@@ -40,6 +40,7 @@ __all__ = [
     "syncfs",
     "pwrite_all",
     "copy_range",
+    "makedirs",
     "STALE_AGE",
 ]
 
@@ -248,19 +249,44 @@ class Staging:
             self.abort()
 
 
-def _makedirs(path: Path, durable: bool) -> None:
+def makedirs(path: Path, durable: bool = False) -> None:
+    """Create ``path`` and its missing parents (existing ones are fine).
+
+    New directories copy the mode of a setgid parent (a shared store's group
+    permissions survive any umask), and with ``durable`` each new directory's
+    entry is fsynced in its parent, so a power loss cannot drop the directory
+    holding a just-written object or ref.  Raises what ``os.mkdir`` raises
+    (``NotADirectoryError`` when a prefix is a file).
+    """
     missing: List[Path] = []
     p = path
-    while not p.exists():
+    while not os.path.lexists(p) and p != p.parent:
         missing.append(p)
         p = p.parent
+    if not missing:
+        if not os.path.isdir(path):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path))
+        return
+    try:
+        st = os.stat(p)
+        shared_mode = stat_mod.S_IMODE(st.st_mode) if st.st_mode & stat_mod.S_ISGID else None
+    except OSError:
+        shared_mode = None
     for d in reversed(missing):
         try:
             os.mkdir(d, 0o777)
         except FileExistsError:
-            continue
+            continue  # made by a concurrent writer: theirs to sync and chmod
+        if shared_mode is not None:
+            try:
+                os.chmod(d, shared_mode)
+            except OSError:  # pragma: no cover
+                pass
         if durable:
             fsync_dir(d.parent)
+
+
+_makedirs = makedirs  # the name Staging.commit and Store._adopt_file used
 
 
 def write_file_atomic(tmpdir: Path, dest: Path, data: bytes, *, durable: bool = True,

@@ -92,29 +92,11 @@ def share_layout(root: Path) -> None:
 def makedirs(path: Path) -> None:
     """``path.mkdir(parents=True, exist_ok=True)``; new directories copy a setgid parent's mode.
 
-    Raises what ``Path.mkdir`` raises (``FileExistsError``, ``NotADirectoryError``).
-    In a private store (parent not setgid) this is exactly ``Path.mkdir``.
+    Kept for callers that do not need durability; see :func:`casstore._fs.makedirs`.
     """
-    missing: List[Path] = []
-    p = path
-    while not os.path.lexists(p) and p != p.parent:
-        missing.append(p)
-        p = p.parent
-    path.mkdir(parents=True, exist_ok=True)
-    if not missing:
-        return
-    try:
-        st = os.stat(p)
-    except OSError:
-        return
-    if not st.st_mode & stat.S_ISGID:
-        return
-    mode = stat.S_IMODE(st.st_mode)
-    for d in reversed(missing):
-        try:
-            os.chmod(d, mode)
-        except OSError:
-            pass  # created by another user at the same moment: theirs to chmod
+    from ._fs import makedirs as _mk
+
+    _mk(path)
 
 
 def share_new_file(fd: int, directory: Path | str, mode: int = LOCK_MODE) -> None:

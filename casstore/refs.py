@@ -17,9 +17,8 @@ import os
 from pathlib import Path
 from typing import Dict, Optional
 
-from ._fs import write_file_atomic
+from ._fs import makedirs, write_file_atomic
 from ._layout import HEADS, LOCKS, PINS, TMP
-from ._shared import makedirs
 from .digest import Digest
 from .errors import InvalidDigestError, InvalidInputError, InvalidTypeError, StoreFormatError
 
@@ -109,7 +108,7 @@ def write_ref(root: Path, kind: str, name: str, digest: Digest, *, durable: bool
     if p.is_dir():
         raise InvalidInputError(f"name {name!r} is a prefix of other names ({p} is a directory); choose another")
     try:
-        makedirs(p.parent)  # in a shared store new dirs copy the setgid parent's mode
+        makedirs(p.parent, durable)  # new dirs: setgid mode copied, entries fsynced when durable
     except (FileExistsError, NotADirectoryError):
         raise InvalidInputError(
             f"name {name!r} conflicts with an existing name that is a prefix of it; choose another"
