@@ -115,6 +115,24 @@ def _read_header(f: Any, d: Digest) -> Any:
     return shape, fortran, dtype
 
 
+def _empty(shape: Any, fortran: bool, dtype: Any, data_bytes: int, d: Digest) -> np.ndarray[Any, Any]:
+    """Allocate the array a header describes, after checking it against the object's size.
+
+    A hostile or damaged header must not make us allocate terabytes or pass
+    negative dimensions to numpy.
+    """
+    if not isinstance(shape, tuple) or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise StoreFormatError(f"object {d} has a .npy header with an invalid shape {shape!r}")
+    want = dtype.itemsize
+    for n in shape:
+        want *= n
+    if want != data_bytes:
+        raise IntegrityError(
+            f"object {d}: its .npy header describes {want} data bytes but the object holds {data_bytes}"
+        )
+    return np.empty(shape, dtype=dtype, order="F" if fortran else "C")
+
+
 def get_array(store: Store, digest: Any, *, mmap: bool = False, verify: bool = True) -> np.ndarray[Any, Any]:
     """Read an array.  ``mmap=True``: a read-only memory map of a raw object, no copy.
 
@@ -136,7 +154,7 @@ def get_array(store: Store, digest: Any, *, mmap: bool = False, verify: bool = T
     if info.codec == ZSTD:
         with store.open(d, verify=verify) as f:
             shape, fortran, dtype = _read_header(f, d)
-            out = np.empty(shape, dtype=dtype, order="F" if fortran else "C")
+            out = _empty(shape, fortran, dtype, info.size - f.tell(), d)
             _readinto_exact(f, out, d)
             if verify:
                 f.read(1)  # reach EOF so the stream checks the digest
@@ -163,7 +181,7 @@ def get_array(store: Store, digest: Any, *, mmap: bool = False, verify: bool = T
             head = io.BytesIO(first)
             shape, fortran, dtype = _read_header(head, d)
             f.seek(head.tell())
-            out = np.empty(shape, dtype=dtype, order="F" if fortran else "C")
+            out = _empty(shape, fortran, dtype, size - head.tell(), d)
             _readinto_exact(f, out, d)
         finally:
             if th is not None:
@@ -224,7 +242,7 @@ def put_arrays(store: Store, arrays: Mapping[str, Any], *, compress: Any = None)
 def get_arrays(store: Store, digest: Any, *, mmap: bool = False,
                verify: bool = True) -> Dict[str, np.ndarray[Any, Any]]:
     """Read a bundle written by :func:`put_arrays` as ``{name: array}``."""
-    man = store.manifest(store._digest(digest))
+    man = store.manifest(digest)  # a digest, or the name the bundle was pinned under
     if man.meta.get("kind") != ARRAYS_KIND:
         raise StoreFormatError(f"manifest {man.digest} is not an array bundle (put_arrays)")
     return {k: get_array(store, man[k].digest, mmap=mmap, verify=verify) for k in man}

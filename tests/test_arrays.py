@@ -391,3 +391,18 @@ def test_mmap_of_1gib_array_is_instant_and_lazy(tmp_path: Path) -> None:
     assert out["sum"] == 2.0 + n
     assert out["rss2"] - out["rss1"] < 64 << 20  # only the touched pages
     assert out["rss3"] - out["rss1"] > 512 << 20  # touched all: resident
+
+
+@pytest.mark.parametrize("shape", ["(10**12,)", "(-5,)", "(3, 'a')"])
+def test_hostile_npy_header_is_refused_before_allocating(store: casstore.Store, shape: str) -> None:
+    header = ("{'descr': '<f8', 'fortran_order': False, 'shape': %s, }" % shape).encode()
+    header += b" " * (118 - len(header)) + b"\n"
+    d = store.put(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + b"\0" * 16)
+    with pytest.raises((StoreFormatError, IntegrityError)):
+        store.get_array(d)
+
+
+def test_bundle_read_back_through_its_pin_name(store: casstore.Store) -> None:
+    d = store.put_arrays({"x": np.arange(5)})
+    store.pin("bundle-v1", d)
+    assert store.get_arrays("bundle-v1")["x"].tolist() == [0, 1, 2, 3, 4]
