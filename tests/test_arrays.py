@@ -395,7 +395,7 @@ def test_mmap_of_1gib_array_is_instant_and_lazy(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("shape", ["(10**12,)", "(-5,)", "(3, 'a')"])
 def test_hostile_npy_header_is_refused_before_allocating(store: casstore.Store, shape: str) -> None:
-    header = ("{'descr': '<f8', 'fortran_order': False, 'shape': %s, }" % shape).encode()
+    header = ("{'descr': '<f8', 'fortran_order': False, 'shape': " + shape + ", }").encode()
     header += b" " * (118 - len(header)) + b"\n"
     d = store.put(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + b"\0" * 16)
     with pytest.raises((StoreFormatError, IntegrityError)):
