@@ -46,7 +46,7 @@ import time
 import weakref
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
 from zlib import crc32 as _crc32
 
 import blake3
@@ -54,7 +54,7 @@ import blake3
 from ._fs import copy_range, process_token
 from ._fs import pwrite_all as _pwrite_all
 from ._lock import DEFAULT_TIMEOUT
-from .digest import Digest, new_hasher
+from .digest import Digest
 from .errors import (
     CacheIndexError,
     CasstoreError,
@@ -111,7 +111,6 @@ _PRESENT = 1
 _BLAKE3 = 2
 _MISSING_SUM = (1 << 64) - 1  # checksum field of an absent index in a frozen table
 _SMALL = 64 << 10  # records up to this size use CRC-32, larger ones BLAKE3-64
-_MT = 1 << 20  # whole-file hashing uses BLAKE3's thread pool from this size
 _FUSE = 1 << 20  # records this large are hashed and written chunk by chunk (one pass over memory)
 _FUSE_CHUNK = 256 << 10
 _COPY_BUF = 8 << 20
@@ -148,11 +147,6 @@ def _tags_np(i: np.ndarray, off: np.ndarray, end: np.ndarray, s: np.ndarray, lo:
     return t
 
 
-def _hasher(n: int) -> Any:
-    # digest.new_hasher is fork-safe: blake3's pool hangs in a child forked after the parent used it.
-    return new_hasher(threaded=n >= _MT)
-
-
 def _b3_64(buf: Any, n: int) -> int:
     # One thread: measured here, the pool does not speed up 4 MiB records and slows the write next to it.
     return int.from_bytes(blake3.blake3(buf).digest(length=8), "little")
@@ -168,13 +162,6 @@ def _write_hashed(fd: int, buf: Any, off: int) -> int:
         h.update(chunk)
         _pwrite_all(fd, chunk, off + k)
     return int.from_bytes(h.digest(length=8), "little")
-
-
-def _sum_of(buf: Any, n: int) -> Tuple[int, int]:
-    """(checksum, flags) of one record."""
-    if n <= _SMALL:
-        return zlib.crc32(buf), _PRESENT
-    return _b3_64(buf, n), _PRESENT | _BLAKE3
 
 
 def _sum_ok(buf: Any, s: int, lo: int) -> bool:

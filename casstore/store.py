@@ -18,7 +18,6 @@ import io
 import mmap
 import os
 import stat
-import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,9 +79,6 @@ _BATCH = 512  # put_many: objects staged per filesystem sync
 
 # zstd objects end with a skippable frame holding the uncompressed size, so
 # stat() needs no decompression; decoders skip it (see docs/format.md).
-_TRAILER_MAGIC = 0x184D2A5E
-_TRAILER_TAG = b"CSZ1"
-_TRAILER = struct.Struct("<II4sQ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +104,6 @@ def _as_buffer(data: object, what: str = "put") -> memoryview:
     )
 
 
-def _trailer(size: int) -> bytes:
-    return _TRAILER.pack(_TRAILER_MAGIC, 12, _TRAILER_TAG, size)
 
 
 def _load_config(root: Path) -> StoreConfig:
@@ -396,7 +390,7 @@ class Store:
         codec = RAW
         payload: Any = mv
         if level is not None and _codec.sample_pays(mv):
-            payload = _codec.compressor(level).compress(mv) + _trailer(len(mv))
+            payload = _codec.compressor(level).compress(mv) + _codec.size_trailer(len(mv))
             codec = ZSTD
         st = self._stage()
         try:
@@ -563,7 +557,7 @@ class Store:
                     total += len(chunk)
                     chunk = stream.read(CHUNK)
                 writer.flush(_codec.FLUSH_FRAME)
-                raw.write(_trailer(total))
+                raw.write(_codec.size_trailer(total))
             d = Digest(h.hexdigest())
             if self._touch(d):
                 st.abort()
@@ -680,15 +674,14 @@ class Store:
         return ObjectInfo(d, size, stored, codec)
 
     def _zstd_size(self, path: str, d: Digest) -> int:
-        with open(path, "rb") as f:
-            try:
-                f.seek(-_TRAILER.size, os.SEEK_END)
-            except OSError:
-                raise IntegrityError(f"compressed object {d} is truncated ({path})") from None
-            magic, ln, tag, size = _TRAILER.unpack(f.read(_TRAILER.size))
-        if magic != _TRAILER_MAGIC or ln != 12 or tag != _TRAILER_TAG:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            size = _codec.read_size_trailer(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        if size is None:
             raise IntegrityError(f"compressed object {d} has no size trailer: truncated or damaged ({path})")
-        return int(size)
+        return size
 
     def __contains__(self, digest: object) -> bool:
         if not isinstance(digest, (Digest, str)):

@@ -59,7 +59,6 @@ EMPTY_HEX = blake3.blake3(b"").hexdigest()
 _SMALL = 1 << 20  # below this, read() + one-thread blake3 beats mmap + the thread pool
 _WINDOW = 64 << 20  # mmap window for big files (bounded address space)
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_TRAILER_SIZE = 20
 
 
 @dataclass(frozen=True)
@@ -172,16 +171,6 @@ def _hash_raw(fd: int, size: int) -> str:
     return str(h.hexdigest())
 
 
-def _trailer_size(fd: int, size: int) -> Optional[int]:
-    if size < _TRAILER_SIZE + 4:
-        return None
-    tail = os.pread(fd, _TRAILER_SIZE, size - _TRAILER_SIZE)
-    if len(tail) != _TRAILER_SIZE or tail[:4] != (0x184D2A5E).to_bytes(4, "little") \
-            or tail[4:8] != (12).to_bytes(4, "little") or tail[8:12] != b"CSZ1":
-        return None
-    return int.from_bytes(tail[12:20], "little")
-
-
 def _check_file(f: ObjFile, expected: Optional[int], fast: bool) -> Tuple[str, int, str]:
     """``(status, bytes read, problem)``; status is ``ok``, ``corrupt`` or ``gone``."""
     try:
@@ -208,7 +197,7 @@ def _check_file(f: ObjFile, expected: Optional[int], fast: bool) -> Tuple[str, i
                 return "corrupt", size, f"file {f.path} hashes to blake3:{got}"
             return "ok", size, ""
         # zstd: magic number at the start, size trailer at the end (docs/format.md)
-        usize = _trailer_size(fd, size)
+        usize = _codec.read_size_trailer(fd, size)
         if usize is None:
             return "corrupt", 0, f"compressed file {f.path} has no size trailer (truncated or damaged)"
         if os.pread(fd, 4, 0) != _ZSTD_MAGIC:
