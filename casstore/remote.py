@@ -38,7 +38,7 @@ import threading
 import time
 import tomllib
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import (
@@ -56,7 +56,7 @@ from typing import (
     Union,
 )
 
-from ._fs import Staging, fsync_dir, write_file_atomic
+from ._fs import Staging, fsync_dir, syncfs, write_file_atomic
 from ._gclock import commit_lock
 from ._layout import LOCKS, RAW, TMP
 from ._lock import FileLock
@@ -96,6 +96,10 @@ __all__ = [
 REMOTES_FILE = "remotes.toml"
 DEFAULT_WORKERS = 16
 MiB = 1 << 20
+# A pull into a durable store publishes verified objects in batches: one
+# filesystem sync per batch instead of an fsync per object and per directory.
+_PULL_BATCH = 256  # staged files per batch (each holds an open fd until published)
+_PULL_BATCH_BYTES = 256 * MiB
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
 
@@ -1031,22 +1035,49 @@ def _plan_ref(store: Store, remote: Remote, kind: str, name: str, d: Digest, for
 
 
 def _run_parallel(fn: Callable[[Any], Any], items: Sequence[Any], on_done: Callable[[Any, Any], None],
-                  executor: ThreadPoolExecutor) -> None:
+                  executor: ThreadPoolExecutor, *, window: Optional[int] = None) -> None:
     """Run ``fn`` over ``items`` on the pool; ``on_done(item, result)`` in this thread as each finishes.
 
+    ``window``: at most that many items submitted and not yet handed to
+    ``on_done`` (bounds what finished results hold, e.g. open staging files).
     The first failure (or an interrupt) cancels what has not started, waits
     for what has (each worker cleans up after itself) and is raised.  Calls
     are bounded by the client's retries and timeouts.
     """
-    futs: Dict[Future[Any], Any] = {executor.submit(fn, it): it for it in items}
+    if window is None or window >= len(items):
+        futs: Dict[Future[Any], Any] = {executor.submit(fn, it): it for it in items}
+        try:
+            for f in as_completed(futs):
+                on_done(futs[f], f.result())  # raises the worker's exception
+        except BaseException:
+            for f in futs:
+                f.cancel()
+            wait(list(futs))
+            raise
+        return
+    todo = iter(items)
+    running: Dict[Future[Any], Any] = {}
     try:
-        for f in as_completed(futs):
-            on_done(futs[f], f.result())  # raises the worker's exception
+        for it in todo:
+            running[executor.submit(fn, it)] = it
+            if len(running) >= window:
+                break
+        while running:
+            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for f in done:
+                it = running.pop(f)
+                on_done(it, f.result())  # raises the worker's exception
+                nxt = next(todo, _END)
+                if nxt is not _END:
+                    running[executor.submit(fn, nxt)] = nxt
     except BaseException:
-        for f in futs:
+        for f in running:
             f.cancel()
-        wait(list(futs))
+        wait(list(running))
         raise
+
+
+_END = object()
 
 
 def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = False) -> TransferReport:
@@ -1185,14 +1216,18 @@ def _read_local(store: Store, d: Digest) -> bytes:
 # -- pull -----------------------------------------------------------------------------
 
 
-def _download(store: Store, rem: Remote, d: Digest, size_hint: Optional[int], dirs: Set[Path]) -> int:
+def _download(store: Store, rem: Remote, d: Digest, size_hint: Optional[int], dirs: Set[Path],
+              batch: Optional[_Batch] = None) -> int:
     """Download one object, verify it, then publish it; returns its size.
 
     The bytes are hashed before anything is written under ``objects/``: a
     corrupt object raises :class:`IntegrityError` and leaves nothing behind.
-    A verified object is staged, fsynced (durable stores) and renamed into
-    place by this worker thread; the directories it lands in are added to
-    ``dirs`` and fsynced once per pull by :func:`_sync_dirs` (before any ref).
+    Without ``batch``, a verified object is staged, fsynced (durable stores)
+    and renamed into place by this worker thread; the directories it lands in
+    are added to ``dirs`` and fsynced once by :func:`_sync_dirs` (before any
+    ref).  With ``batch`` (a durable pull), the verified object is only
+    staged (written, not synced) and handed to it: :class:`_Batch` syncs the
+    filesystem once per batch before renaming the batch into place.
     """
     from ._layout import object_path
 
@@ -1214,6 +1249,9 @@ def _download(store: Store, rem: Remote, d: Digest, size_hint: Optional[int], di
         staged: List[Tuple[Staging, Digest, str]] = []
         store._write_buffer(d, memoryview(data), level, durable=False, defer=staged)
         st, _, codec = staged[0]
+        if batch is not None:
+            batch.add(staged[0], len(data))
+            return len(data)
         try:
             store._publish(st, d, codec, durable=durable, sync_dir=False)
         except BaseException:
@@ -1237,12 +1275,101 @@ def _download(store: Store, rem: Remote, d: Digest, size_hint: Optional[int], di
             store.put_path(st.path)  # compressed as the store's default says (re-hashed, durable)
             st.abort()
             return size
+        if batch is not None:
+            batch.add((st, d, RAW), size)
+            return size
         store._publish(st, d, RAW, durable=durable, sync_dir=False)
         dirs.add(object_path(store.root, d, RAW).parent)
         return size
     except BaseException:
         st.abort()
         raise
+
+
+class _Batch:
+    """Publishes a durable pull's verified, staged objects with one filesystem sync per batch.
+
+    Workers :meth:`add` each object once it is verified and written to its
+    staging file (not fsynced).  :meth:`flush` hands what has accumulated to a
+    publisher thread, which runs ``syncfs`` (every staged byte durable), then
+    renames each file into place (no per-object fsync) -- like
+    :meth:`Store.put_many`.  Downloads go on meanwhile; one batch is in
+    flight at a time.  :meth:`finish` publishes the rest, then syncs once more
+    so every rename and new fan-out directory is durable before a ref names
+    them.  Only verified bytes are ever renamed under ``objects/``.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._staged: List[Tuple[Staging, Digest, str]] = []
+        self._bytes = 0
+        self._published = 0
+        self._inflight: Optional[Future[None]] = None
+        self._ex = ThreadPoolExecutor(1, thread_name_prefix="casstore-publish")
+
+    def add(self, item: Tuple[Staging, Digest, str], size: int) -> None:
+        """Take a verified, staged object (any thread); its fan-out directory is created now."""
+        from ._layout import object_path
+
+        st, d, codec = item
+        try:
+            os.mkdir(object_path(self.store.root, d, codec).parent)  # made durable by the batch's syncs
+        except FileExistsError:
+            pass
+        except BaseException:
+            st.abort()
+            raise
+        with self._lock:
+            self._staged.append(item)
+            self._bytes += size
+
+    def due(self) -> bool:
+        """Whether enough has accumulated for a batch."""
+        return len(self._staged) >= _PULL_BATCH or self._bytes >= _PULL_BATCH_BYTES
+
+    def _take(self) -> List[Tuple[Staging, Digest, str]]:
+        with self._lock:
+            items, self._staged, self._bytes = self._staged, [], 0
+        return items
+
+    def _publish(self, items: List[Tuple[Staging, Digest, str]]) -> None:
+        store = self.store
+        try:
+            if store.durable:
+                syncfs(store._tmp)  # the staged bytes are durable before any of them is renamed
+            for st, d, codec in items:
+                store._publish(st, d, codec, durable=False)
+                self._published += 1
+        finally:
+            for st, _, _ in items:
+                st.abort()  # no-op once committed
+
+    def _wait(self) -> None:
+        fut, self._inflight = self._inflight, None
+        if fut is not None:
+            fut.result()  # raises the publisher's error
+
+    def flush(self) -> None:
+        """Start publishing what has accumulated (after the batch in flight is done)."""
+        self._wait()
+        items = self._take()
+        if items:
+            self._inflight = self._ex.submit(self._publish, items)
+
+    def finish(self) -> None:
+        """Publish everything staged, then sync the renames; on error, remove what is left staged."""
+        try:
+            self._wait()
+            items = self._take()
+            if items:
+                self._publish(items)
+            if self._published and self.store.durable:
+                syncfs(self.store._tmp)  # renames and new directories durable before any ref
+        finally:
+            self._ex.shutdown(wait=True)
+            for st, _, _ in self._take():
+                st.abort()
 
 
 def _sync_dirs(store: Store, dirs: Set[Path], executor: Optional[ThreadPoolExecutor] = None) -> None:
@@ -1343,6 +1470,8 @@ def pull(store: Store, remote: Union[Remote, str], *names: str, merge: Union[boo
     known = sum(s for d in missing if (s := content[d]) is not None)
     bar = _progress(known, f"pull {rem.name or rem.url}", rem.progress)
     dirs: Set[Path] = set()
+    # Durable stores: objects are published in batches, one filesystem sync each (_Batch).
+    batch = _Batch(store) if missing else None
     try:
         with ThreadPoolExecutor(rem.workers, thread_name_prefix="casstore-pull") as ex:
             def stored(d: Digest, n: int) -> None:
@@ -1350,12 +1479,25 @@ def pull(store: Store, remote: Union[Remote, str], *names: str, merge: Union[boo
                 report.bytes += n
                 bar.update(n)
                 _fault("object-downloaded")
+                if batch is not None and batch.due():
+                    batch.flush()
 
             try:
-                _run_parallel(lambda d: _download(store, rem, d, content[d], dirs),
-                              sorted(missing, key=lambda d: -(content[d] or 0)), stored, ex)
+                # The window bounds the staged files (open fds) waiting for a batch.
+                _run_parallel(lambda d: _download(store, rem, d, content[d], dirs, batch),
+                              sorted(missing, key=lambda d: -(content[d] or 0)), stored, ex,
+                              window=None if batch is None else 2 * rem.workers)
+            except BaseException:
+                if batch is not None:
+                    try:
+                        batch.finish()  # what did arrive (verified) stays, durably
+                    except Exception:
+                        pass  # the first error is the one to report; what is left staged was removed
+                raise
             finally:
-                _sync_dirs(store, dirs, ex)  # what did arrive stays, durably
+                _sync_dirs(store, dirs, ex)  # objects published without a batch: their directories
+            if batch is not None:
+                batch.finish()
     finally:
         bar.close()
     # 3. Local refs last.
