@@ -599,15 +599,20 @@ class Remote:
                 raise self._translate(e, "uploading object", key) from None
         return False  # pragma: no cover
 
+    def _transfer_config(self) -> Any:
+        """boto3's multipart settings for this remote (uploads and ranged downloads)."""
+        from boto3.s3.transfer import TransferConfig
+
+        return TransferConfig(multipart_threshold=self.multipart_threshold,
+                              multipart_chunksize=self.multipart_chunksize,
+                              max_concurrency=min(8, self.workers), use_threads=True)
+
     def upload_stream(self, digest: Digest, stream: Any) -> bool:
         """Upload a large object in parts (create-only: the completion carries ``If-None-Match: *``)."""
-        from boto3.s3.transfer import TransferConfig
         from botocore.exceptions import BotoCoreError, ClientError
 
         key = self.object_key(digest)
-        cfg = TransferConfig(multipart_threshold=self.multipart_threshold,
-                             multipart_chunksize=self.multipart_chunksize,
-                             max_concurrency=min(8, self.workers), use_threads=True)
+        cfg = self._transfer_config()
         try:
             self.client.upload_fileobj(stream, self.bucket, key, Config=cfg)
             return True
@@ -644,13 +649,10 @@ class Remote:
 
     def download_to(self, digest: Digest, fileobj: Any) -> bool:
         """Download an object into a seekable binary file in parallel ranged parts; ``False`` if absent."""
-        from boto3.s3.transfer import TransferConfig
         from botocore.exceptions import BotoCoreError, ClientError
 
         key = self.object_key(digest)
-        cfg = TransferConfig(multipart_threshold=self.multipart_threshold,
-                             multipart_chunksize=self.multipart_chunksize,
-                             max_concurrency=min(8, self.workers), use_threads=True)
+        cfg = self._transfer_config()
         try:
             self.client.download_fileobj(self.bucket, key, fileobj, Config=cfg)
             return True
