@@ -753,7 +753,7 @@ def load_remotes(store: Store) -> Dict[str, Dict[str, str]]:
 
 
 def _toml_str(s: str) -> str:
-    return json.dumps(s, ensure_ascii=True)  # a JSON string with \\uXXXX escapes is a TOML basic string
+    return json.dumps(s, ensure_ascii=True)  # JSON's \\u escapes are valid in a TOML basic string
 
 
 def _write_remotes(store: Store, remotes: Dict[str, Dict[str, str]]) -> None:

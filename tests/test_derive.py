@@ -23,6 +23,7 @@ from _fetch_helpers import (
     Server,
     assert_objects_valid,
     b3,
+    clean_settings_env,
     counting_fn,
     derive_worker,
     holds_open,
@@ -47,10 +48,7 @@ def store(tmp_path: Path) -> casstore.Store:
 
 @pytest.fixture(autouse=True)
 def _clean_settings_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for var in ("CASSTORE_FORCE_DOWNLOAD", "CASSTORE_REGENERATE", "CASSTORE_LOCK_TIMEOUT", "CASSTORE_CONFIG",
-                "CASSTORE_COMPRESSION", "CASSTORE_DURABLE", "CASSTORE_DIR"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+    clean_settings_env(monkeypatch, tmp_path)
 
 
 @pytest.fixture

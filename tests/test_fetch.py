@@ -23,6 +23,7 @@ from _fetch_helpers import (
     Server,
     assert_objects_valid,
     b3,
+    clean_settings_env,
     closed_port,
     fetch_heads,
     fetch_worker,
@@ -59,11 +60,7 @@ def store(tmp_path: Path) -> casstore.Store:
 
 @pytest.fixture(autouse=True)
 def _clean_settings_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Runtime settings must not leak in from the environment or a user config file."""
-    for var in ("CASSTORE_FORCE_DOWNLOAD", "CASSTORE_REGENERATE", "CASSTORE_LOCK_TIMEOUT", "CASSTORE_CONFIG",
-                "CASSTORE_COMPRESSION", "CASSTORE_DURABLE", "CASSTORE_DIR"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+    clean_settings_env(monkeypatch, tmp_path)
 
 
 def payload(n: int, seed: int = 1) -> bytes:
