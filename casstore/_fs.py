@@ -25,10 +25,11 @@ import secrets
 import shutil
 import socket
 import stat as stat_mod
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import List, Optional, Type
+from typing import Callable, Generic, List, Optional, Type, TypeVar
 
 __all__ = [
     "Staging",
@@ -41,6 +42,9 @@ __all__ = [
     "pwrite_all",
     "copy_range",
     "makedirs",
+    "copy_exact",
+    "run_beside",
+    "Beside",
     "STALE_AGE",
 ]
 
@@ -173,6 +177,62 @@ def copy_range(src: int, dst: int, n: int, src_off: int = 0, dst_off: int = 0) -
     return done
 
 
+def copy_exact(src: int, dst: int, size: int) -> None:
+    """Copy ``size`` bytes from offset 0 (in the kernel where possible); refuse a shrinking source."""
+    off = copy_range(src, dst, size)
+    if off != size:
+        from .errors import IntegrityError
+
+        raise IntegrityError(f"source file shrank while it was being stored ({off} of {size} bytes)")
+
+
+T = TypeVar("T")
+
+
+class Beside(Generic[T]):
+    """Work running on a helper thread beside the caller: :meth:`join` returns its result or re-raises.
+
+    The one "run on a helper thread, box the result, join, re-raise" helper:
+    hashing overlaps with reading (blake3 drops the GIL), fsync overlaps with
+    hashing.  The helper never outlives a failure of the caller: use it as a
+    context manager, or call :meth:`join` in a ``finally``.
+    """
+
+    __slots__ = ("_thread", "_box", "_err")
+
+    def __init__(self, fn: Callable[[], T], name: str) -> None:
+        self._box: List[T] = []
+        self._err: List[BaseException] = []
+
+        def work() -> None:
+            try:
+                self._box.append(fn())
+            except BaseException as e:  # re-raised in the caller by join()
+                self._err.append(e)
+
+        self._thread = threading.Thread(target=work, name=name, daemon=True)
+        self._thread.start()
+
+    def join(self) -> T:
+        """Wait for the helper; its result, or its exception raised here."""
+        self._thread.join()
+        if self._err:
+            raise self._err[0]
+        return self._box[0]
+
+    def __enter__(self) -> Beside[T]:
+        return self
+
+    def __exit__(self, et: Optional[Type[BaseException]], ev: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        self._thread.join()
+
+
+def run_beside(fn: Callable[[], T], name: str = "casstore-helper") -> Beside[T]:
+    """Start ``fn`` on a helper thread; see :class:`Beside`."""
+    return Beside(fn, name)
+
+
 class Staging:
     """A temp file in ``tmpdir``, unique to this process, published by rename.
 
@@ -222,7 +282,7 @@ class Staging:
         except FileNotFoundError:
             # First object in this fan-out directory: create it, make the new
             # directory entry durable, then retry the rename.
-            _makedirs(dest.parent, durable)
+            makedirs(dest.parent, durable)
             os.rename(self.path, dest)
         self._done = True
         if durable and sync_dir:
@@ -284,9 +344,6 @@ def makedirs(path: Path, durable: bool = False) -> None:
                 pass
         if durable:
             fsync_dir(d.parent)
-
-
-_makedirs = makedirs  # the name Staging.commit and Store._adopt_file used
 
 
 def write_file_atomic(tmpdir: Path, dest: Path, data: bytes, *, durable: bool = True,

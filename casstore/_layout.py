@@ -1,12 +1,23 @@
-"""Where things live under a store root (format 1).  See docs/format.md."""
+"""Where things live under a store root or a remote prefix (format 1).  See docs/format.md.
+
+The object key layout is written once, here, and used by the local object
+store (a path under ``<root>``) and the S3 one (a key under ``<prefix>``):
+``objects/<2 hex>/<62 hex><codec suffix>``.  Remotes hold raw objects only.
+"""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Iterator, Optional, Tuple
+from typing import Optional, Tuple
 
+from .codecs import RAW, Codec, by_suffix
 from .digest import Digest
+from .errors import InvalidDigestError
+
+__all__ = [
+    "FORMAT_VERSION", "CONFIG_FILE", "OBJECTS", "REFS", "HEADS", "PINS", "LOCKS", "TMP", "BAD", "SUBDIRS",
+    "object_relpath", "object_path", "parse_object_name", "object_key", "parse_object_key", "is_fanout",
+]
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "store.toml"
@@ -18,66 +29,54 @@ LOCKS = "locks"
 TMP = "tmp"
 BAD = "bad"
 
-RAW = "raw"
-ZSTD = "zstd"
-# The codec is known from the file name, never guessed from content: raw
-# content may itself begin with zstd's magic number.
-SUFFIXES = {RAW: "", ZSTD: ".zst"}
-CODECS = (RAW, ZSTD)
-
 SUBDIRS = (OBJECTS, HEADS, PINS, LOCKS, TMP)
 
+_HEX = frozenset("0123456789abcdef")
 
-def object_relpath(digest: Digest, codec: str) -> str:
-    """``objects/<2 hex>/<62 hex>[.zst]`` for a digest stored with ``codec``."""
+
+def object_relpath(digest: Digest, codec: Codec = RAW) -> str:
+    """``objects/<2 hex>/<62 hex>[suffix]`` for a digest stored with ``codec``."""
     h = digest.hex
-    return f"{OBJECTS}/{h[:2]}/{h[2:]}{SUFFIXES[codec]}"
+    return f"{OBJECTS}/{h[:2]}/{h[2:]}{codec.suffix}"
 
 
-def object_path(root: Path, digest: Digest, codec: str) -> Path:
+def object_path(root: Path, digest: Digest, codec: Codec = RAW) -> Path:
     """Absolute path of an object file under ``root``."""
     return root / object_relpath(digest, codec)
 
 
-def parse_object_name(fanout: str, name: str) -> Optional[Tuple[Digest, str]]:
+def is_fanout(name: str) -> bool:
+    """Is ``name`` a fan-out directory name (two lowercase hex digits)?"""
+    return len(name) == 2 and name[0] in _HEX and name[1] in _HEX
+
+
+def parse_object_name(fanout: str, name: str) -> Optional[Tuple[Digest, Codec]]:
     """Inverse of :func:`object_relpath` for one directory entry; ``None`` if stray."""
-    if len(fanout) != 2:
+    if not is_fanout(fanout):
         return None
-    codec = RAW
-    stem = name
-    if name.endswith(SUFFIXES[ZSTD]):
-        codec = ZSTD
-        stem = name[: -len(SUFFIXES[ZSTD])]
+    codec, stem = by_suffix(name)
     if len(stem) != 62:
         return None
     try:
         return Digest(fanout + stem), codec
-    except ValueError:
+    except (InvalidDigestError, ValueError):
         return None
 
 
-def iter_object_files(root: Path, prefix: str = "") -> Iterator[Tuple[Digest, str, str]]:
-    """Yield ``(digest, codec, path)`` for every well-formed object file.
+def object_key(prefix: str, digest: Digest) -> str:
+    """``<prefix>objects/ab/cdef...``: where a (raw) object lives on a remote."""
+    return prefix + object_relpath(digest, RAW)
 
-    ``prefix`` (hex) narrows the scan to the fan-out directories that can match.
-    Stray files are skipped here; ``verify`` reports them.
-    """
-    objdir = root / OBJECTS
-    try:
-        fanouts = sorted(os.listdir(objdir))
-    except FileNotFoundError:
-        return
-    for fan in fanouts:
-        if prefix and not (fan.startswith(prefix[:2]) if len(prefix) >= 2 else fan.startswith(prefix)):
-            continue
-        try:
-            names = sorted(os.listdir(objdir / fan))
-        except (NotADirectoryError, FileNotFoundError):
-            continue
-        for name in names:
-            parsed = parse_object_name(fan, name)
-            if parsed is None:
-                continue
-            if prefix and not parsed[0].hex.startswith(prefix):
-                continue
-            yield parsed[0], parsed[1], str(objdir / fan / name)
+
+def parse_object_key(prefix: str, key: str) -> Optional[Digest]:
+    """Inverse of :func:`object_key`; ``None`` for any other key."""
+    base = f"{prefix}{OBJECTS}/"
+    if not key.startswith(base):
+        return None
+    rest = key[len(base):]
+    if len(rest) != 65 or rest[2] != "/":
+        return None
+    parsed = parse_object_name(rest[:2], rest[3:])
+    if parsed is None or parsed[1] is not RAW:
+        return None
+    return parsed[0]

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from ._layout import ZSTD
+from .codecs import ZSTD
 from .digest import Digest, new_hasher
 from .errors import IntegrityError, InvalidInputError, InvalidTypeError, StoreFormatError
 from .manifest import Entry, encode_manifest
@@ -140,9 +140,10 @@ def get_array(store: Store, digest: Any, *, mmap: bool = False, verify: bool = T
     re-hashes the object file; corrupt data raises :class:`IntegrityError`.
     A compressed object with ``mmap=True`` is first materialized raw (once).
     """
-    from .store import _OVERLAP_MIN, _hash_fd
+    from .digest import hash_fd as _hash_fd  # TRANSITIONAL
+    from .objects.local import OVERLAP_MIN as _OVERLAP_MIN
 
-    d = store._digest(digest)
+    d = Digest.coerce(digest)
     if mmap:
         path = store.raw_path(d)
         try:
@@ -151,7 +152,7 @@ def get_array(store: Store, digest: Any, *, mmap: bool = False, verify: bool = T
             raise StoreFormatError(f"object {d} is not a .npy array ({e})") from None
         return arr
     info = store.stat(d)
-    if info.codec == ZSTD:
+    if info.codec == ZSTD.name:
         with store.open(d, verify=verify) as f:
             shape, fortran, dtype = _read_header(f, d)
             out = _empty(shape, fortran, dtype, info.size - f.tell(), d)

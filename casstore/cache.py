@@ -69,7 +69,8 @@ from .errors import (
     StoreFormatError,
 )
 from .refs import validate_name
-from .store import Store, _hash_fd, open_store
+from .digest import hash_fd as _hash_fd  # TRANSITIONAL
+from .store import Store, open_store
 
 if TYPE_CHECKING:
     import numpy as np  # imported where needed: ``import casstore`` stays numpy-free
@@ -929,7 +930,7 @@ class IndexCache:
         assert self._fpath is not None
         d = self.digest
         if d is None:
-            d = self.store._adopt_file(self._fpath, link=True)
+            d = self.store.objects.adopt(self._fpath, link=True)
         _fault("preserve:after-object")
         size = os.fstat(self._ffd).st_size
         meta = {"kind": KIND, "length": self.length, "format": FORMAT}

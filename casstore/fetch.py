@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Tuple,
 import msgpack
 
 from ._fs import process_token
-from ._layout import LOCKS, RAW, TMP
+from ._layout import LOCKS, TMP
+from .codecs import RAW
 from ._lock import FileLock
 from ._progress import Progress
 from .digest import Digest, new_hasher
@@ -162,7 +163,7 @@ def _download(store: Store, url: str, want_digest: Optional[Digest], want: Dict[
     extra: Dict[str, Any] = {algo: hashlib.new(algo) for algo in ("sha256", "md5") if algo in want}
     if "sha256" not in extra:
         extra["sha256"] = hashlib.sha256()  # recorded, so users can compare with upstream
-    st = store._stage("dl")
+    st = store.objects.stage("dl")
     got = 0
     attempt = 0
     validator: Optional[str] = None  # ETag or Last-Modified of the first response
@@ -238,10 +239,10 @@ def _download(store: Store, url: str, want_digest: Optional[Digest], want: Dict[
                 raise IntegrityError(
                     f"download of {url} has {algo} {sums[algo]}, expected {v}; nothing was stored"
                 )
-        if store._touch(d):  # present: refreshed, so GC's grace covers the edit that follows
+        if store.objects.touch(d):  # present: refreshed, so GC's grace covers the edit that follows
             st.abort()
         else:
-            store._publish(st, d, RAW)
+            store.objects.publish(st, d, RAW)
         return d, sums, got
     except BaseException:
         st.abort()

@@ -68,7 +68,9 @@ import msgpack
 
 from ._fs import fsync_dir, process_token, sweep_stale
 from ._gclock import gc_lock
-from ._layout import OBJECTS, RAW, TMP, ZSTD
+from ._layout import OBJECTS, TMP
+
+RAW, ZSTD = "raw", "zstd"  # TRANSITIONAL
 from ._progress import Progress, human_bytes
 from .digest import Digest
 from .errors import IntegrityError, InvalidInputError, InvalidTypeError, ObjectNotFoundError, StoreFormatError
@@ -880,7 +882,7 @@ def _logical_size(store: Store, f: ObjFile) -> int:
     if f.codec == RAW:
         return f.size
     try:
-        return int(store._zstd_size(f.path, Digest(f.hex)))
+        return store.stat(Digest(f.hex)).size
     except (IntegrityError, OSError):
         return 0  # damaged; verify reports it
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["open_hdf5"]
 
 
-def open_hdf5(store: Store, digest: Any, **kwargs: Any) -> Any:
+def open_hdf5(store: Store, digest: Any, *, verify: bool = True, rdcc_nbytes: Any = None) -> Any:
     """Return a read-only ``h5py.File`` on the object ``digest``.
 
     Any number of processes may hold the same object open at once.  A
@@ -31,11 +31,10 @@ def open_hdf5(store: Store, digest: Any, **kwargs: Any) -> Any:
     """
     import h5py
 
-    if "mode" in kwargs or "locking" in kwargs:
-        raise TypeError("open_hdf5() always opens read-only with locking=False")
-    d = store._digest(digest)
-    path = store.raw_path(d)
+    d = Digest.coerce(digest)
+    path = store.raw_path(d, verify=verify)
     try:
-        return h5py.File(path, "r", locking=False, **kwargs)
+        kw = {} if rdcc_nbytes is None else {"rdcc_nbytes": rdcc_nbytes}
+        return h5py.File(path, "r", locking=False, **kw)
     except OSError as e:
         raise StoreFormatError(f"object {d} is not an HDF5 file h5py can open ({e})") from None

@@ -508,7 +508,7 @@ def pin(store: Store, name: str, target: Union[str, Digest], *, force: bool = Fa
         man = _load(store, d)  # must exist and be a manifest; gc cannot delete it while we hold commit_lock
         if not allow_missing:
             for key in man:
-                if not store._exists(man[key].digest):
+                if not store.objects.has(man[key].digest):
                     raise ObjectNotFoundError(
                         f"cannot pin {d} as {name!r}: its entry {key!r} refers to {man[key].digest}, which is "
                         "not in the store (collected by gc or limit?); put it again, or pin with "
@@ -589,7 +589,8 @@ def checkout(store: Store, target: Union[str, Digest], outdir: Union[str, os.Pat
     filesystem can (btrfs, XFS), else copied.  An existing file with other
     content is an error unless ``overwrite``.
     """
-    from .store import _copy_fd, _hash_fd
+    from ._fs import copy_exact as _copy_fd  # TRANSITIONAL
+    from .digest import hash_fd as _hash_fd
 
     man = read_manifest(store, target)
     # Check every key (and entry) before writing anything: a hostile or malformed

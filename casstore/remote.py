@@ -58,7 +58,8 @@ from typing import (
 
 from ._fs import Staging, fsync_dir, syncfs, write_file_atomic
 from ._gclock import commit_lock
-from ._layout import LOCKS, RAW, TMP
+from ._layout import LOCKS, TMP
+from .codecs import RAW
 from ._lock import FileLock
 from ._progress import Progress
 from .digest import Digest, hash_bytes
@@ -885,7 +886,7 @@ def _local_chain(store: Store, d: Digest) -> List[Digest]:
     out: List[Digest] = []
     seen: Set[Digest] = set()
     cur: Optional[Digest] = d
-    while cur is not None and cur not in seen and store._exists(cur):
+    while cur is not None and cur not in seen and store.objects.has(cur):
         out.append(cur)
         seen.add(cur)
         cur = _parent(_manifest_doc(store, cur))
@@ -1023,7 +1024,7 @@ def _plan_ref(store: Store, remote: Remote, kind: str, name: str, d: Digest, for
         plan.action, plan.write = "up to date", False
     elif _is_ancestor(store, r, of=d):
         plan.action = "fast-forward"
-    elif store._exists(r) and _is_ancestor(store, d, of=r):
+    elif store.objects.has(r) and _is_ancestor(store, d, of=r):
         plan.action, plan.write = "remote is ahead (pull to update)", False
     elif force:
         plan.action = "forced"
@@ -1110,7 +1111,7 @@ def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = Fa
         # 3. What the remote already has: a listing, never one request per object.
         remote_has = rem.present(set(content) | versions, executor=ex)
         missing = [d for d in content if d not in remote_has]
-        absent = [d for d in missing if not store._exists(d)]
+        absent = [d for d in missing if not store.objects.has(d)]
         if absent:
             raise ObjectNotFoundError(
                 f"cannot push: {len(absent)} object(s) of the closure are neither in the store at {store.root} "
@@ -1201,7 +1202,8 @@ def _upload_object(store: Store, rem: Remote, d: Digest, size: int) -> int:
 
 def _read_local(store: Store, d: Digest) -> bytes:
     """A small local object's bytes, verified (inline hash: no helper thread for a few KiB)."""
-    path, codec = store._locate(d)
+    _loc = store.objects.locate(d)
+    path, codec = _loc.path, _loc.codec
     if codec != RAW:
         return store.get(d)
     with open(path, "rb", buffering=0) as f:
@@ -1233,7 +1235,7 @@ def _download(store: Store, rem: Remote, d: Digest, size_hint: Optional[int], di
     """
     from ._layout import object_path
 
-    level = store._level_for(None)
+    level = store.objects.level_for(None)
     durable = store.durable
     data: Optional[bytes] = None
     if size_hint is None or size_hint < rem.multipart_threshold:
@@ -1248,23 +1250,22 @@ def _download(store: Store, rem: Remote, d: Digest, size_hint: Optional[int], di
         got = hash_bytes(data)
         if got != d:
             raise _corrupt(rem, d, got, len(data))
-        staged: List[Tuple[Staging, Digest, str]] = []
-        store._write_buffer(d, memoryview(data), level, durable=False, defer=staged)
-        st, _, codec = staged[0]
+        staged = store.objects.stage_bytes(d, data, level)
+        st, _, codec = staged
         if batch is not None:
-            batch.add(staged[0], len(data))
+            batch.add(staged, len(data))
             return len(data)
         try:
-            store._publish(st, d, codec, durable=durable, sync_dir=False)
+            store.objects.publish(st, d, codec, durable=durable, sync_dir=False)
         except BaseException:
             st.abort()
             raise
         dirs.add(object_path(store.root, d, codec).parent)
         return len(data)
     # Large: parallel ranged download into a staging file, then hash the staged bytes.
-    from .store import _hash_fd
+    from .digest import hash_fd as _hash_fd
 
-    st = store._stage("pull")
+    st = store.objects.stage("pull")
     try:
         with io.FileIO(st.fd, "r+b", closefd=False) as f:
             if not rem.download_to(d, f):
@@ -1280,7 +1281,7 @@ def _download(store: Store, rem: Remote, d: Digest, size_hint: Optional[int], di
         if batch is not None:
             batch.add((st, d, RAW), size)
             return size
-        store._publish(st, d, RAW, durable=durable, sync_dir=False)
+        store.objects.publish(st, d, RAW, durable=durable, sync_dir=False)
         dirs.add(object_path(store.root, d, RAW).parent)
         return size
     except BaseException:
@@ -1339,9 +1340,9 @@ class _Batch:
         store = self.store
         try:
             if store.durable:
-                syncfs(store._tmp)  # the staged bytes are durable before any of them is renamed
+                syncfs(store.objects.tmp)  # the staged bytes are durable before any of them is renamed
             for st, d, codec in items:
-                store._publish(st, d, codec, durable=False)
+                store.objects.publish(st, d, codec, durable=False)
                 self._published += 1
         finally:
             for st, _, _ in items:
@@ -1367,7 +1368,7 @@ class _Batch:
             if items:
                 self._publish(items)
             if self._published and self.store.durable:
-                syncfs(self.store._tmp)  # renames and new directories durable before any ref
+                syncfs(self.store.objects.tmp)  # renames and new directories durable before any ref
         finally:
             self._ex.shutdown(wait=True)
             for st, _, _ in self._take():
@@ -1406,7 +1407,7 @@ def _fetch_versions(store: Store, rem: Remote, d: Digest, *, history: bool) -> N
     cur: Optional[Digest] = d
     first = True
     while cur is not None:
-        if store._exists(cur):
+        if store.objects.has(cur):
             if not first or not history:
                 return
             cur = _parent(_manifest_doc(store, cur))
@@ -1466,7 +1467,7 @@ def pull(store: Store, remote: Union[Remote, str], *names: str, merge: Union[boo
         content.update(_entry_digests(_manifest_doc(store, d), d))
     for v in versions:
         content.pop(v, None)
-    missing = [d for d in content if not store._exists(d)]
+    missing = [d for d in content if not store.objects.has(d)]
     report.present = len(content) - len(missing)
     # 2. Objects, in parallel, each verified before it is written; then their directories synced.
     known = sum(s for d in missing if (s := content[d]) is not None)
@@ -1513,7 +1514,7 @@ def pull(store: Store, remote: Union[Remote, str], *names: str, merge: Union[boo
 def _require_closure(store: Store, d: Digest, name: str, rem: Remote) -> None:
     """The pulled version and its entries must all be here before a ref names them."""
     man = store.manifest(d)
-    missing = [k for k in man if not store._exists(man[k].digest)]
+    missing = [k for k in man if not store.objects.has(man[k].digest)]
     if missing:
         raise ObjectNotFoundError(
             f"pull of {name!r} from {rem.describe()}: {len(missing)} object(s) of {d.short()} vanished locally "
@@ -1584,8 +1585,8 @@ def fetch_object(store: Store, digest: Union[Digest, str], *, remotes: Optional[
 
     ``remotes=None`` tries the store's configured remotes (``remotes.toml``) in name order.
     """
-    d = store._digest(digest)
-    if store._exists(d):
+    d = Digest.coerce(digest)
+    if store.objects.has(d):
         return store.get(d, verify=verify)
     rems = [_as_remote(store, r) for r in (remotes if remotes is not None else sorted(load_remotes(store)))]
     errors: List[str] = []

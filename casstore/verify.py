@@ -39,9 +39,11 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Set, Tuple
 import blake3
 import msgpack
 
-from . import _codec
 from ._fs import stale_entries, sweep_stale, write_file_atomic
-from ._layout import BAD, OBJECTS, RAW, TMP
+from ._layout import BAD, OBJECTS, TMP
+from .codecs import ZSTD
+
+RAW = "raw"  # TRANSITIONAL
 from ._progress import Progress, human_bytes
 from ._shared import STATE, makedirs
 from .digest import Digest, new_hasher
@@ -197,7 +199,7 @@ def _check_file(f: ObjFile, expected: Optional[int], fast: bool) -> Tuple[str, i
                 return "corrupt", size, f"file {f.path} hashes to blake3:{got}"
             return "ok", size, ""
         # zstd: magic number at the start, size trailer at the end (docs/format.md)
-        usize = _codec.read_size_trailer(fd, size)
+        usize = ZSTD.size_of(fd, size)
         if usize is None:
             return "corrupt", 0, f"compressed file {f.path} has no size trailer (truncated or damaged)"
         if os.pread(fd, 4, 0) != _ZSTD_MAGIC:
@@ -210,14 +212,14 @@ def _check_file(f: ObjFile, expected: Optional[int], fast: bool) -> Tuple[str, i
         n = 0
         with open(fd, "rb", buffering=0, closefd=False) as raw:
             try:
-                reader = _codec.open_decoded(raw)
+                reader = ZSTD.open_decoder(raw, usize, what=f"compressed file {f.path}")
                 while True:
                     chunk = reader.read(1 << 20)
                     if not chunk:
                         break
                     h.update(chunk)
                     n += len(chunk)
-            except _codec.DecodeError as e:
+            except IntegrityError as e:
                 return "corrupt", size, f"compressed file {f.path} cannot be decoded ({e})"
         got = h.hexdigest()
         if got != f.hex or n != usize:

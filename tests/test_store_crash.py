@@ -305,7 +305,7 @@ _TRACE = r'''
 import io, json, os, sys
 import casstore
 import casstore._fs as fs_mod
-import casstore.store as store_mod
+import casstore.objects.local as local_mod
 
 # Instrumentation only: every call goes through to the real system call.
 events = []
@@ -331,7 +331,7 @@ def syncfs(p):
     events.append(["syncfs", os.path.realpath(p)])
 
 os.fsync, os.rename = fsync, rename
-fs_mod.syncfs = store_mod.syncfs = syncfs
+fs_mod.syncfs = local_mod.syncfs = syncfs
 
 root, method, how = sys.argv[1:4]
 kw = {"durable": False} if how == "open-false" else {}

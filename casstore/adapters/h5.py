@@ -1,0 +1,2 @@
+"""TRANSITIONAL shim."""
+from ..h5 import open_hdf5  # noqa: F401

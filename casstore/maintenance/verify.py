@@ -1,0 +1,2 @@
+"""TRANSITIONAL shim."""
+from ..verify import VerifyReport, verify  # noqa: F401

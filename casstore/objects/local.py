@@ -1,0 +1,720 @@
+"""Objects in a local directory: ``<root>/objects/<2 hex>/<62 hex>[.zst]``.
+
+Invariants (docs/design.md):
+
+1. An object file, once visible under its name, holds exactly the bytes that
+   hash to that name: it is staged in ``tmp/`` under a name unique to the
+   writer, fsynced, made read-only and renamed into place; then its directory
+   is fsynced.  Two writers of the same content both succeed.
+4. Correctness of objects never depends on a lock.
+7. A verified read never returns bytes that do not hash to the digest asked for.
+
+Everything that touches object files lives here: staging, publishing (one
+object or a batch with one ``syncfs``), the dedupe check that refreshes an
+object for gc's grace period, adopting a finished file by link, the one
+directory scanner and (through :func:`casstore.digest.hash_fd`) the one hasher.
+Codec differences are the :mod:`casstore.codecs` strategy's business.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import stat as stat_mod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, BinaryIO, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+from .._fs import Staging, copy_exact, fsync_dir, makedirs, pwrite_all, run_beside, syncfs
+from .._layout import OBJECTS, is_fanout, object_path, parse_object_name
+from ..codecs import CODECS, RAW, ZSTD, Codec, CompressArg, file_sample_pays, normalize_compress, sample_pays
+from ..digest import Digest, hash_bytes, hash_fd, new_hasher, parse_prefix
+from ..errors import (
+    AmbiguousDigestError,
+    CompressedObjectError,
+    IntegrityError,
+    InvalidTypeError,
+    ObjectNotFoundError,
+    ReadOnlyError,
+)
+from .base import Buffer, ObjectInfo, ObjectStore
+from .reader import ObjectReader, open_object_file
+
+__all__ = ["LocalObjects", "Located", "ObjFile", "StagedObject", "as_buffer", "CHUNK"]
+
+CHUNK = 1 << 20  # streaming chunk: bounded memory, large enough for fast hashing
+_READ_BUFFER = 256 << 10  # BufferedReader size for open(): see LocalObjects.open
+# Below this size a verified read reads then hashes; above it a helper thread
+# hashes while the caller's thread reads.  Starting a thread and mapping windows
+# cost more than they save on small objects (4 MiB: 6.1 vs 8.4 GB/s here).
+OVERLAP_MIN = 16 << 20
+_BATCH = 512  # put_many: objects staged per filesystem sync
+_MODE = 0o444  # objects are read-only for everyone
+# verify_file's memo: (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) -> hex, oldest first.
+_VERIFIED: Dict[Tuple[int, int, int, int, int], str] = {}
+_VERIFIED_MAX = 4096
+
+
+def as_buffer(data: object, what: str = "put") -> memoryview:
+    """``data`` as a flat byte memoryview (a non-contiguous view is copied); InvalidTypeError otherwise."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        mv = memoryview(data)
+        if not mv.c_contiguous:
+            mv = memoryview(mv.tobytes())  # a strided view cannot be cast or written in one piece
+        return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+    raise InvalidTypeError(
+        f"{what}() takes bytes, bytearray or memoryview, not {type(data).__name__}; "
+        "encode text first (s.encode()) or use put_path()/put_stream() for files"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """An existing object file: where it is and how it is stored."""
+
+    path: str
+    codec: Codec
+
+
+class StagedObject(NamedTuple):
+    """A fully written staging file waiting to be published as ``digest``."""
+
+    staging: Staging
+    digest: Digest
+    codec: Codec
+
+
+class ObjFile(NamedTuple):
+    """One object file as seen by a directory scan (``lstat`` only)."""
+
+    hex: str
+    codec: Codec
+    path: str
+    size: int
+    """Bytes on disk."""
+    mtime: float
+    atime: float
+    mtime_ns: int
+    ino: int
+
+    @property
+    def digest(self) -> Digest:
+        """The object's digest."""
+        return Digest(self.hex)
+
+
+class LocalObjects(ObjectStore):
+    """The objects of a store rooted at a local directory (see the module docstring)."""
+
+    def __init__(self, root: Path, tmp: Path, *, durable: bool, level: int,
+                 compress: CompressArg = None) -> None:
+        self.root = root
+        """The store root (objects live under ``root/objects``)."""
+        self.tmp = tmp
+        """The staging directory (same filesystem: publishing is a rename)."""
+        self.durable = durable
+        """fsync data and directory entries before a write returns."""
+        self.level = level
+        """The zstd level ``compress=True`` means."""
+        self.compress: CompressArg = compress
+        """Default ``compress=`` for puts."""
+        self._writable = os.access(tmp, os.W_OK)
+
+    # -- capabilities --
+
+    @property
+    def local_paths(self) -> bool:
+        """Raw objects are local files."""
+        return True
+
+    @property
+    def writable(self) -> bool:
+        """False on a read-only mount or a store this user may not write."""
+        return self._writable
+
+    # -- locating --
+
+    def locate(self, d: Digest) -> Located:
+        """Where an existing object is (raw preferred); :class:`ObjectNotFoundError` otherwise."""
+        for codec in CODECS:
+            p = object_path(self.root, d, codec)
+            if os.path.lexists(p):
+                return Located(str(p), codec)
+        raise ObjectNotFoundError(
+            f"object {d} is not in the store at {self.root}; put it first or fetch it from a remote"
+        )
+
+    def has(self, digest: Digest) -> bool:
+        """Is the object present (in any codec)?"""
+        return any(os.path.lexists(object_path(self.root, digest, c)) for c in CODECS)
+
+    def touch(self, d: Digest) -> bool:
+        """Dedupe check for puts: True if the object exists, refreshing its mtime.
+
+        A re-put object is "fresh" again, so GC's grace period protects it
+        while the writer goes on to reference it (docs/maintenance.md).  One
+        ``utime`` replaces the ``stat``; a file GC removed meanwhile gives
+        False and the caller writes a new copy.  Another user's object in a
+        shared store cannot be refreshed (EPERM); it still counts as present.
+        """
+        for codec in CODECS:
+            p = object_path(self.root, d, codec)
+            try:
+                os.utime(p, follow_symlinks=False)
+                return True
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError:  # EPERM/EACCES (not ours), EROFS: exists, cannot refresh
+                if os.path.lexists(p):
+                    return True
+        return False
+
+    def stat(self, digest: Digest) -> ObjectInfo:
+        """Size, stored size and codec of an object, without reading its content."""
+        loc = self.locate(digest)
+        fd, st = open_object_file(loc.path, digest)
+        try:
+            return ObjectInfo(digest, self._size(fd, st.st_size, loc, digest), st.st_size, loc.codec.name)
+        finally:
+            os.close(fd)
+
+    def _size(self, fd: int, file_size: int, loc: Located, d: Digest) -> int:
+        size = loc.codec.size_of(fd, file_size)
+        if size is None:
+            raise IntegrityError(
+                f"{loc.codec.name} object {d} records no size: truncated or damaged ({loc.path}); "
+                "run `casstore verify --repair`"
+            )
+        return size
+
+    # -- writing --
+
+    def level_for(self, compress: CompressArg) -> Optional[int]:
+        """The zstd level a put with ``compress`` uses, or ``None`` for raw."""
+        return normalize_compress(self.compress if compress is None else compress, self.level)
+
+    def stage(self, kind: str = "obj") -> Staging:
+        """A new staging file in ``tmp/``; :class:`ReadOnlyError` where the store cannot be written."""
+        try:
+            return Staging(self.tmp, kind)
+        except OSError as e:
+            if isinstance(e, PermissionError) or e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise ReadOnlyError(
+                    f"store {self.root} is read-only ({e.strerror}); open a writable store to put objects"
+                ) from None
+            raise
+
+    def publish(self, st: Staging, d: Digest, codec: Codec, *, synced: bool = False,
+                durable: Optional[bool] = None, sync_dir: bool = True) -> None:
+        """Make a fully written staging file the object ``d`` (stored with ``codec``) by rename."""
+        dest = object_path(self.root, d, codec)
+        st.commit(dest, durable=self.durable if durable is None else durable, mode=_MODE,
+                  synced=synced, sync_dir=sync_dir)
+
+    def publish_batch(self, items: Sequence[StagedObject]) -> None:
+        """Publish many staged objects with one ``syncfs`` before and one after (durable stores).
+
+        Every item's staging file is removed whatever happens; an item that
+        was not published when an error stops the batch leaves no object.
+        """
+        try:
+            if self.durable and items:
+                syncfs(self.tmp)
+            for it in items:
+                self.publish(it.staging, it.digest, it.codec, durable=False)
+            if self.durable and items:
+                syncfs(self.tmp)
+        finally:
+            for it in items:
+                it.staging.abort()
+
+    def write(self, digest: Digest, data: Buffer) -> bool:
+        """Create the object from its bytes (checked against ``digest``); ``False`` if present."""
+        mv = as_buffer(data, "write")
+        got = hash_bytes(mv)
+        if got != digest:
+            raise IntegrityError(f"refusing to store bytes hashing to {got} as object {digest}")
+        if self.touch(digest):
+            return False
+        self._write_buffer(digest, mv, self.level_for(None), durable=self.durable)
+        return True
+
+    def put(self, data: Buffer, *, compress: CompressArg = None) -> Digest:
+        """Store ``data``; return its digest.  Idempotent: same bytes, same digest, one object."""
+        mv = as_buffer(data)
+        d = hash_bytes(mv)
+        if self.touch(d):
+            return d
+        self._write_buffer(d, mv, self.level_for(compress), durable=self.durable)
+        return d
+
+    def put_parts(self, parts: Iterable[Buffer], *, compress: CompressArg = None) -> Digest:
+        """Store the concatenation of ``parts`` without concatenating them in memory."""
+        mvs = [as_buffer(p, "put_parts") for p in parts]
+        total = sum(len(m) for m in mvs)
+        h = new_hasher(threaded=total >= (1 << 20))
+        for m in mvs:
+            h.update(m)
+        d = Digest(h.hexdigest())
+        if self.touch(d):
+            return d
+        level = self.level_for(compress)
+        if level is not None and total and sample_pays(max(mvs, key=len)):
+            self._write_buffer(d, memoryview(b"".join(mvs)), level, durable=self.durable)
+            return d
+        with self.stage() as st:
+            for m in mvs:
+                st.write(m)
+            self.publish(st, d, RAW)
+        return d
+
+    def _encode(self, mv: memoryview, level: Optional[int]) -> Tuple[Buffer, Codec]:
+        if level is not None and sample_pays(mv):
+            return ZSTD.encode(mv, level), ZSTD
+        return mv, RAW
+
+    def stage_bytes(self, d: Digest, data: Buffer, level: Optional[int]) -> StagedObject:
+        """Encode ``data`` (already known to hash to ``d``) into a staging file, not yet published.
+
+        The caller publishes it (:meth:`publish` or :meth:`publish_batch`) or
+        aborts its staging file.
+        """
+        payload, codec = self._encode(as_buffer(data, "stage_bytes"), level)
+        st = self.stage()
+        try:
+            st.write(payload)
+        except BaseException:
+            st.abort()
+            raise
+        return StagedObject(st, d, codec)
+
+    def _write_buffer(self, d: Digest, mv: memoryview, level: Optional[int], *, durable: bool) -> None:
+        payload, codec = self._encode(mv, level)
+        with self.stage() as st:
+            st.write(payload)
+            self.publish(st, d, codec, durable=durable)
+
+    def put_many(self, items: Iterable[Buffer], *, compress: CompressArg = None) -> List[Digest]:
+        """Store many small objects; durable with one filesystem sync per batch (see :meth:`publish_batch`)."""
+        level = self.level_for(compress)
+        out: List[Digest] = []
+        pending: List[StagedObject] = []
+        seen: set[Digest] = set()
+        try:
+            for item in items:
+                mv = as_buffer(item, "put_many")
+                d = hash_bytes(mv)
+                out.append(d)
+                if d in seen or self.touch(d):
+                    continue
+                seen.add(d)
+                payload, codec = self._encode(mv, level)
+                st = self.stage()
+                pending.append(StagedObject(st, d, codec))
+                st.write(payload)
+                if len(pending) >= _BATCH:
+                    batch, pending = pending, []
+                    seen.clear()
+                    self.publish_batch(batch)
+            batch, pending = pending, []
+            self.publish_batch(batch)
+        finally:
+            for it in pending:
+                it.staging.abort()
+        return out
+
+    def write_many(self, items: Iterable[Tuple[Digest, Buffer]]) -> int:
+        """Batch form of :meth:`write` (one filesystem sync per batch)."""
+        checked: List[Buffer] = []
+        for d, data in items:
+            mv = as_buffer(data, "write_many")
+            got = hash_bytes(mv)
+            if got != d:
+                raise IntegrityError(f"refusing to store bytes hashing to {got} as object {d}")
+            checked.append(mv)
+        before = sum(1 for b in checked if self.has(hash_bytes(b)))
+        self.put_many(checked)
+        return len(checked) - before
+
+    def put_path(self, path: Union[str, os.PathLike[str]], *, compress: CompressArg = None) -> Digest:
+        """Store a file of any size by streaming it; return its digest.
+
+        Raw: the file is copied in the kernel (``copy_file_range``) into a
+        staging file, then the *staged copy* is hashed while a helper thread
+        fsyncs it -- so the digest names exactly the bytes published even if
+        the source changes meanwhile.  Compressed: read in 1 MiB chunks, each
+        hashed and fed to zstd.  Special files (FIFOs, devices, procfs files
+        whose size lies) are read to their end as streams.
+        """
+        if not isinstance(path, (str, os.PathLike)):
+            raise InvalidTypeError(f"put_path() takes a file path, not {type(path).__name__}")
+        p = os.fspath(path)
+        try:
+            src = os.open(p, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"no such file to put: {p}") from None
+        except IsADirectoryError:
+            raise InvalidTypeError(f"{p} is a directory; put_path stores one regular file") from None
+        try:
+            fst = os.fstat(src)
+            if stat_mod.S_ISDIR(fst.st_mode):  # os.open() of a directory succeeds on Linux
+                raise InvalidTypeError(f"{p} is a directory; put_path stores one regular file")
+            os.set_blocking(src, True)
+            size = fst.st_size
+            # A regular file whose st_size is 0 may still hold data (procfs, sysfs):
+            # stream it to its end instead of trusting the size.
+            if not stat_mod.S_ISREG(fst.st_mode) or size == 0:
+                with io.FileIO(src, "rb", closefd=False) as f:
+                    return self.put_stream(f, compress=compress)
+            level = self.level_for(compress)
+            if level is not None and file_sample_pays(src, size):
+                with io.FileIO(src, "rb", closefd=False) as f:
+                    return self._put_stream_compressed(f, level, size_hint=size)
+            return self._put_fd_raw(src, size)
+        finally:
+            os.close(src)
+
+    def _put_fd_raw(self, src: int, size: int) -> Digest:
+        with self.stage() as st:
+            copy_exact(src, st.fd, size)
+            # A file that grew while it was copied: its size lied.  Store exactly
+            # what was read (the staged copy), which is what gets hashed.
+            if os.pread(src, 1, size):
+                more = _copy_to_end(src, st.fd, size)
+                size += more
+            fsync = run_beside(lambda: os.fsync(st.fd), "casstore-fsync") if self.durable else None
+            try:
+                # fsync (I/O wait) overlaps with hashing (CPU): blake3 drops the GIL.
+                d = hash_fd(st.fd, size)
+            finally:
+                if fsync is not None:
+                    fsync.join()
+            if self.touch(d):
+                return d
+            self.publish(st, d, RAW, synced=fsync is not None)
+            return d
+
+    def put_stream(self, stream: IO[bytes], *, compress: CompressArg = None) -> Digest:
+        """Store everything readable from a binary stream; return its digest."""
+        if not hasattr(stream, "read"):
+            raise InvalidTypeError(f"put_stream() needs a readable binary stream, not {type(stream).__name__}")
+        level = self.level_for(compress)
+        first = stream.read(CHUNK)
+        if not isinstance(first, (bytes, bytearray, memoryview)):
+            raise InvalidTypeError("put_stream() needs a *binary* stream (open the file with 'rb')")
+        if level is not None and sample_pays(first):
+            return self._put_stream_compressed(stream, level, first=bytes(first))
+        h = new_hasher(threaded=True)
+        with self.stage() as st:
+            chunk: Buffer = first
+            while chunk:
+                h.update(chunk)
+                st.write(chunk)
+                chunk = stream.read(CHUNK)
+            d = Digest(h.hexdigest())
+            if self.touch(d):
+                return d
+            self.publish(st, d, RAW)
+            return d
+
+    def _put_stream_compressed(self, stream: IO[bytes], level: int, *, first: bytes = b"",
+                               size_hint: int = -1) -> Digest:
+        h = new_hasher(threaded=True)
+        total = 0
+        with self.stage() as st:
+            with io.FileIO(st.fd, "wb", closefd=False) as raw:
+                writer = ZSTD.compressor(level).stream_writer(raw, size=size_hint, closefd=False)
+                chunk: Buffer = first or stream.read(CHUNK)
+                while chunk:
+                    h.update(chunk)
+                    writer.write(chunk)
+                    total += len(chunk)
+                    chunk = stream.read(CHUNK)
+                if size_hint >= 0 and total != size_hint:
+                    # The frame header promised size_hint bytes; a file that changed
+                    # size while read would make a frame that lies.  Start over as a stream.
+                    raise IntegrityError(f"file changed size while being stored ({total} of {size_hint} bytes)")
+                writer.flush(ZSTD.FLUSH_FRAME)
+                raw.write(ZSTD.trailer(total))
+            d = Digest(h.hexdigest())
+            if self.touch(d):
+                return d
+            self.publish(st, d, ZSTD)
+            return d
+
+    def adopt(self, path: Union[str, os.PathLike[str]], *, link: bool = False) -> Digest:
+        """Make a finished file in this store's ``tmp/`` an object without copying it; return its digest.
+
+        The file is hashed while a helper thread fsyncs it (if durable), made
+        mode 0o444, then hard-linked (``link``: the temp name stays valid for
+        whoever still reads it) or renamed into ``objects/``, and the directory
+        is fsynced.  If the object exists already nothing is published (dedupe).
+        The caller must never change the file again.  Where hard links are
+        refused the bytes are copied instead.  Used by ``IndexCache.preserve``.
+        """
+        p = os.fspath(path)
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            size = os.fstat(fd).st_size
+            fsync = run_beside(lambda: os.fsync(fd), "casstore-fsync") if self.durable else None
+            try:
+                d = hash_fd(fd, size)
+            finally:
+                if fsync is not None:
+                    fsync.join()
+            dest = object_path(self.root, d, RAW)
+            if self.touch(d):
+                if not link:
+                    os.unlink(p)
+                return d
+            os.fchmod(fd, _MODE)
+            os.utime(fd)  # a fresh object for GC's grace period, whenever the file was written
+            try:
+                try:
+                    (os.link if link else os.rename)(p, dest)
+                except FileNotFoundError:
+                    makedirs(dest.parent, self.durable)
+                    (os.link if link else os.rename)(p, dest)
+            except FileExistsError:
+                return d  # another writer published the same object meanwhile
+            except OSError as e:
+                if e.errno not in (errno.EPERM, errno.EXDEV, errno.EOPNOTSUPP, errno.EMLINK):
+                    raise
+                with self.stage() as st:  # no hard links here: copy once
+                    copy_exact(fd, st.fd, size)
+                    self.publish(st, d, RAW)
+                return d
+        finally:
+            os.close(fd)
+        if self.durable:
+            fsync_dir(dest.parent)
+        return d
+
+    def delete(self, digest: Digest) -> bool:
+        """Remove every stored form of the object; ``False`` if there was none."""
+        gone = False
+        for codec in CODECS:
+            try:
+                os.unlink(object_path(self.root, digest, codec))
+                gone = True
+            except FileNotFoundError:
+                continue
+            except PermissionError as e:
+                raise ReadOnlyError(f"cannot delete object {digest} from {self.root}: {e.strerror}") from None
+        return gone
+
+    # -- reading --
+
+    def open(self, digest: Digest, *, verify: bool = True) -> BinaryIO:
+        """Open an object for streaming, read-only (see :class:`~casstore.objects.reader.ObjectReader`)."""
+        loc = self.locate(digest)
+        fd, st = open_object_file(loc.path, digest)
+        try:
+            size = self._size(fd, st.st_size, loc, digest)
+        except BaseException:
+            os.close(fd)
+            raise
+        raw = ObjectReader(digest, loc.path, fd, loc.codec, verify, size)
+        # A buffer smaller than CHUNK: readinto() calls of >= 256 KiB then go
+        # straight to the raw reader instead of being copied through the buffer.
+        return io.BufferedReader(raw, buffer_size=_READ_BUFFER)
+
+    def read(self, digest: Digest, *, verify: bool = True) -> bytes:
+        """The object's uncompressed bytes, re-hashed unless ``verify=False``.
+
+        For large raw objects the hash runs on a helper thread over the same
+        file (page cache) while this thread reads, so verification costs little.
+        """
+        loc = self.locate(digest)
+        fd, st = open_object_file(loc.path, digest)
+        with open(fd, "rb", buffering=0) as f:
+            if not loc.codec.byte_exact:
+                size = self._size(fd, st.st_size, loc, digest)
+                data = loc.codec.decode(f.read(), size, what=f"object {digest} (file {loc.path})")
+                got = hash_bytes(data) if verify else digest
+            else:
+                size = st.st_size
+                hasher = None
+                if verify and size >= OVERLAP_MIN:
+                    hasher = run_beside(lambda: hash_fd(fd, size, threaded=False), "casstore-verify")
+                try:
+                    data = _read_exact(f, size)
+                finally:
+                    got = hasher.join() if hasher is not None else digest
+                if len(data) != size:
+                    raise IntegrityError(f"object {digest} changed size while being read ({loc.path})")
+                if hasher is None and verify:
+                    got = hash_bytes(data)
+        if got != digest:
+            raise IntegrityError(
+                f"object {digest} is corrupt: its bytes hash to {got}; file {loc.path}. "
+                "Run `casstore verify --repair` and put the data again"
+            )
+        return data
+
+    def path(self, digest: Digest) -> Path:
+        """Read-only path of a *raw* object (unverified bytes: see docs/security.md)."""
+        loc = self.locate(digest)
+        if not loc.codec.byte_exact:
+            raise CompressedObjectError(
+                f"object {digest} is stored {loc.codec.name}-compressed, so it has no raw path; "
+                "read it with store.open()/get(), use store.raw_path(), or put it with compress=False"
+            )
+        fd, _ = open_object_file(loc.path, digest)  # a regular file, not a planted link or FIFO
+        os.close(fd)
+        return Path(loc.path)
+
+    def raw_path(self, digest: Digest) -> Path:
+        """Like :meth:`path`, but a compressed object is first materialized raw (once), verified."""
+        loc = self.locate(digest)
+        if loc.codec.byte_exact:
+            return self.path(digest)
+        h = new_hasher(threaded=True)
+        with self.stage("raw") as st:
+            with self.open(digest, verify=False) as f:
+                while True:
+                    chunk = f.read(CHUNK)
+                    if not chunk:
+                        break
+                    h.update(chunk)
+                    st.write(chunk)
+            got = Digest(h.hexdigest())
+            if got != digest:
+                raise IntegrityError(f"object {digest} is corrupt: it decodes to {got}; file {loc.path}")
+            self.publish(st, digest, RAW)
+        return object_path(self.root, digest, RAW)
+
+    def verify_file(self, digest: Digest) -> None:
+        """Hash the object's file now (IntegrityError if it does not match its name).
+
+        A verified-once memo keyed by (device, inode, size, mtime_ns, ctime_ns)
+        makes repeated calls in one process free while the file is unchanged
+        (any change to the file, even ``touch``, changes the key).
+        """
+        loc = self.locate(digest)
+        fd, st = open_object_file(loc.path, digest)
+        try:
+            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if _VERIFIED.get(key) == digest.hex:
+                return
+            if loc.codec.byte_exact:
+                got = hash_fd(fd, st.st_size)
+                if got != digest:
+                    raise IntegrityError(
+                        f"object {digest} is corrupt: its bytes hash to {got}; file {loc.path}. "
+                        "Run `casstore verify --repair` and put the data again"
+                    )
+            else:
+                with self.open(digest) as f:
+                    while f.read(CHUNK):
+                        pass
+            if len(_VERIFIED) >= _VERIFIED_MAX:
+                _VERIFIED.pop(next(iter(_VERIFIED)))
+            _VERIFIED[key] = digest.hex
+        finally:
+            os.close(fd)
+
+    # -- listing --
+
+    def scan(self, prefix: str = "") -> Tuple[List[ObjFile], List[Path]]:
+        """Every object file and every stray entry (wrong name or type) under ``objects/``.
+
+        THE scanner: ``scandir`` + ``lstat``, it never opens an object.
+        ``prefix`` (hex) narrows the scan to the fan-out directories that can
+        match (strays are then not reported).
+        """
+        files: List[ObjFile] = []
+        strays: List[Path] = []
+        objdir = self.root / OBJECTS
+        try:
+            fans = sorted(os.scandir(objdir), key=lambda e: e.name)
+        except FileNotFoundError:
+            return files, strays
+        for fan in fans:
+            if prefix and not fan.name.startswith(prefix[:2]):
+                continue
+            if not is_fanout(fan.name) or not fan.is_dir(follow_symlinks=False):
+                strays.append(Path(fan.path))
+                continue
+            try:
+                ents = sorted(os.scandir(fan.path), key=lambda e: e.name)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for ent in ents:
+                parsed = parse_object_name(fan.name, ent.name)
+                if parsed is not None and prefix and not parsed[0].hex.startswith(prefix):
+                    continue
+                try:
+                    st = ent.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # deleted while we looked (GC)
+                if parsed is None or not stat_mod.S_ISREG(st.st_mode):
+                    if not prefix:
+                        strays.append(Path(ent.path))
+                    continue
+                files.append(ObjFile(parsed[0].hex, parsed[1], ent.path, st.st_size,
+                                     st.st_mtime, st.st_atime, st.st_mtime_ns, st.st_ino))
+        return files, strays
+
+    def iter_digests(self) -> Iterator[Digest]:
+        """Every object's digest, in digest order (each once, whatever its codec)."""
+        last: Optional[str] = None
+        for f in self.scan()[0]:
+            if f.hex != last:
+                yield f.digest
+            last = f.hex
+
+    def iter_info(self) -> Iterator[ObjectInfo]:
+        """``stat`` of every object (objects removed meanwhile are skipped)."""
+        for d in self.iter_digests():
+            try:
+                yield self.stat(d)
+            except ObjectNotFoundError:
+                continue
+
+    def resolve(self, prefix: Union[str, Digest]) -> Digest:
+        """Turn a unique digest prefix (``"blake3:9f2c"`` or ``"9f2c"``) into a Digest."""
+        if isinstance(prefix, Digest):
+            self.locate(prefix)
+            return prefix
+        hexp = parse_prefix(prefix)
+        found = sorted({f.hex for f in self.scan(hexp)[0]})
+        if not found:
+            raise ObjectNotFoundError(f"no object matches {prefix!r} in the store at {self.root}")
+        if len(found) > 1:
+            shown = ", ".join(Digest(x).short(len(hexp) + 4) for x in found[:5])
+            raise AmbiguousDigestError(
+                f"{prefix!r} matches {len(found)} objects ({shown}{', ...' if len(found) > 5 else ''}); "
+                "give more hex digits"
+            )
+        return Digest(found[0])
+
+    def __repr__(self) -> str:
+        return f"LocalObjects({str(self.root)!r})"
+
+
+def _read_exact(f: BinaryIO, size: int) -> bytes:
+    data = f.read(size) if size else b""
+    if 0 < len(data) < size:  # one read(2) returns at most ~2 GiB on Linux
+        parts = [data]
+        got_n = len(data)
+        while got_n < size:
+            more = f.read(size - got_n)
+            if not more:
+                break
+            parts.append(more)
+            got_n += len(more)
+        data = b"".join(parts)
+    return data
+
+
+def _copy_to_end(src: int, dst: int, off: int) -> int:
+    """Append everything in ``src`` from ``off`` to its end to ``dst`` at the same offset; bytes copied."""
+    done = 0
+    while True:
+        buf = os.pread(src, CHUNK, off + done)
+        if not buf:
+            return done
+        pwrite_all(dst, buf, off + done)
+        done += len(buf)

@@ -1,0 +1,146 @@
+"""Opening object files safely, and the verifying stream over one object.
+
+Hazards (issue 11): any member of a shared store can plant a FIFO, a
+directory, a device or a symlink where an object file should be.  Opening a
+FIFO blocks forever; following a symlink reads (or maps) a file outside the
+store.  So every object file is opened with ``O_NOFOLLOW | O_NONBLOCK`` and
+must ``fstat`` as a regular file; anything else is an
+:class:`~casstore.errors.IntegrityError` at once.  A file deleted between
+locating and opening it (gc, ``limit``) is an
+:class:`~casstore.errors.ObjectNotFoundError`, never a raw ``FileNotFoundError``.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import stat
+from typing import BinaryIO, Optional, Union
+
+from ..codecs import RAW, Codec
+from ..digest import Digest, new_hasher
+from ..errors import IntegrityError, ObjectNotFoundError
+
+__all__ = ["open_object_file", "ObjectReader"]
+
+_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+
+
+def open_object_file(path: str, digest: Digest) -> tuple[int, os.stat_result]:
+    """Open an object file read-only without following links or blocking: ``(fd, fstat)``.
+
+    Raises :class:`ObjectNotFoundError` if it is gone and :class:`IntegrityError`
+    if it is not a regular file.
+    """
+    try:
+        fd = os.open(path, _FLAGS)
+    except FileNotFoundError:
+        raise ObjectNotFoundError(f"object {digest} disappeared while being opened (removed by gc or limit?)") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise IntegrityError(
+                f"object file {path} of {digest} is a symbolic link, not a stored object; "
+                "run `casstore verify --repair` to move it aside"
+            ) from None
+        if e.errno in (errno.ENXIO, errno.EISDIR):
+            raise IntegrityError(f"object file {path} of {digest} is not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise IntegrityError(
+                f"object file {path} of {digest} is not a regular file (a FIFO, device or directory); "
+                "run `casstore verify --repair` to move it aside"
+            )
+        # Blocking reads from here on (a regular file never blocks anyway).
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+class ObjectReader(io.RawIOBase):
+    """Read-only stream over one object; verifies the digest at end of file.
+
+    Verification covers full sequential reads: if every byte was read in
+    order, reaching EOF compares the hash and raises IntegrityError on a
+    mismatch *before* returning the final chunk.  A ``seek`` away from the
+    position the hash has reached turns verification off for this reader (it
+    can no longer see every byte).  Decoded output is bounded by ``size``.
+    """
+
+    def __init__(self, digest: Digest, path: str, fd: int, codec: Codec, verify: bool, size: int) -> None:
+        super().__init__()
+        self._size = size
+        self._seen = 0
+        self.digest = digest
+        self.name = path
+        self._file: BinaryIO = open(fd, "rb", buffering=0, closefd=True)
+        what = f"object {digest} (file {path})"
+        self._src: BinaryIO = codec.open_decoder(self._file, size, what=what)
+        self._codec = codec
+        # Single-threaded: fed 1 MiB updates, blake3's pool ran slower here
+        # (6.1-6.4 GB/s against 7.0 GB/s).
+        self._hasher = new_hasher() if verify else None
+        self._checked = False
+
+    @property
+    def size(self) -> int:
+        """The object's uncompressed size."""
+        return self._size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self._codec is RAW
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if self._codec is not RAW:
+            raise io.UnsupportedOperation("compressed objects are read sequentially")
+        pos = self._file.seek(offset, whence)
+        if pos != self._seen:
+            # Not where the hash has got to: this reader can no longer see
+            # every byte in order, so it stops verifying (documented).
+            self._hasher = None
+        return pos
+
+    def tell(self) -> int:
+        return int(self._src.tell()) if self._codec is not RAW else self._file.tell()
+
+    def readinto(self, b: Union[bytearray, memoryview]) -> Optional[int]:  # type: ignore[override]
+        mv = memoryview(b).cast("B")
+        n: int = self._src.readinto(mv)  # type: ignore[attr-defined]
+        if self._checked and n and self._hasher is not None:
+            raise IntegrityError(f"object {self.digest} is longer than its recorded size; file {self.name}")
+        if self._hasher is not None and not self._checked:
+            if n:
+                self._hasher.update(mv[:n])
+                self._seen += n
+            # Check as soon as the last byte is read (before handing it out),
+            # not only when the caller asks past the end.
+            if self._seen >= self._size or n == 0:
+                self._check()
+        return n
+
+    def _check(self) -> None:
+        assert self._hasher is not None
+        self._checked = True
+        got = self._hasher.hexdigest()
+        if got != self.digest.hex or self._seen != self._size:
+            raise IntegrityError(
+                f"object {self.digest} is corrupt: its bytes hash to blake3:{got} "
+                f"({self._seen} of {self._size} bytes); file {self.name}. "
+                "Run `casstore verify --repair` and put the data again"
+            )
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                if self._src is not self._file:
+                    self._src.close()
+            finally:
+                self._file.close()
+        super().close()

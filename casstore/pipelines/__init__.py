@@ -1,0 +1,2 @@
+"""TRANSITIONAL shim (replaced by the pipelines package)."""
+from ..fetch import derive, fetch  # noqa: F401

@@ -1,0 +1,54 @@
+"""The refs protocol: names that move by compare-and-swap.
+
+A ref maps a name to a manifest digest.  ``heads`` move on every commit;
+``pins`` never move unless forced.  Every implementation offers a lock-free
+:meth:`RefStore.read` returning the digest with an opaque *token*, and
+:meth:`RefStore.compare_and_swap`, which succeeds for exactly one of any
+number of racing writers that read the same token.  Local refs do it with a
+per-name lock and an atomic rename; S3 refs with ``If-Match`` /
+``If-None-Match`` conditional writes.  ``tests/test_refs_conformance.py``
+holds the conformance class every implementation's tests subclass.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+from ..digest import Digest
+
+__all__ = ["Ref", "RefStore", "KINDS"]
+
+KINDS = ("heads", "pins")
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """A ref as read: its digest and the token a compare-and-swap must present."""
+
+    digest: Digest
+    token: str
+    """Opaque: the digest itself for local refs, the ETag for S3 refs."""
+
+
+class RefStore(ABC):
+    """Heads and pins: read lock-free, move by compare-and-swap."""
+
+    @abstractmethod
+    def read(self, kind: str, name: str) -> Optional[Ref]:
+        """The ref, or ``None`` if it does not exist."""
+
+    @abstractmethod
+    def compare_and_swap(self, kind: str, name: str, new: Optional[Digest], expected: Optional[Ref]) -> bool:
+        """Set ``name`` to ``new`` (``None`` removes it) only if it is still ``expected``
+        (``None``: only if it does not exist).  ``False`` when another writer won."""
+
+    @abstractmethod
+    def list(self, kind: str) -> Dict[str, Digest]:
+        """Every ref of a kind, name -> digest, sorted by name."""
+
+    def get(self, kind: str, name: str) -> Optional[Digest]:
+        """The digest a ref points at, or ``None``."""
+        r = self.read(kind, name)
+        return None if r is None else r.digest

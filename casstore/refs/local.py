@@ -1,0 +1,230 @@
+"""Local refs: the only mutable files in a store.
+
+``refs/heads/<name>`` holds the digest of a manifest's current version and
+moves (by atomic rename, invariant 3) on every committed edit.
+``refs/pins/<name>`` holds a frozen manifest digest and never moves unless a
+user forces it.  A ref file is one line, ``blake3:<64 hex>\\n``.
+
+Hazards and lock order:
+
+* Reads take no lock: rename guarantees a reader sees the old or the new
+  file, complete.  Writers of one name serialize on that name's sidecar lock
+  (``locks/names/<blake3(name)[:32]>.lock``, see ``_lock.py``); a caller that
+  also takes the store-wide GC lock takes the name lock FIRST, then the GC
+  lock (``_gclock.py``).
+* A ref file is opened without following symlinks and must be a regular
+  file: a planted FIFO cannot hang a reader, a planted link cannot point a
+  name outside the store.
+* Listing walks the directory iteratively (no recursion limit): one odd name
+  can never break ``heads``, gc, verify or usage for everyone.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .._fs import fsync_dir, makedirs, write_file_atomic
+from .._layout import HEADS, LOCKS, PINS, TMP
+from .._lock import DEFAULT_TIMEOUT, FileLock
+from ..digest import Digest, new_hasher
+from ..errors import InvalidDigestError, InvalidInputError, InvalidTypeError, StoreFormatError
+from .base import KINDS, Ref, RefStore
+
+__all__ = ["LocalRefs", "validate_key", "validate_name", "read_ref", "write_ref", "list_refs", "ref_path", "lock_path"]
+
+_MAX_KEY = 4096
+_MAX_SEGMENT = 255
+
+
+def validate_key(key: object, what: str = "key") -> str:
+    """Return ``key`` if it is a normalized POSIX relative path, else raise InvalidInputError."""
+    if not isinstance(key, str):
+        raise InvalidTypeError(f"a manifest {what} must be a str, not {type(key).__name__}")
+    problem = None
+    if not key:
+        problem = "it is empty"
+    elif len(key) > _MAX_KEY:
+        problem = f"it is longer than {_MAX_KEY} characters"
+    elif "\x00" in key:
+        problem = "it contains NUL"
+    elif "\\" in key:
+        problem = "it contains a backslash (use '/')"
+    elif key.startswith("/"):
+        problem = "it is absolute"
+    else:
+        for seg in key.split("/"):
+            if seg == "":
+                problem = "it has an empty segment ('//' or a trailing '/')"
+            elif seg in (".", ".."):
+                problem = f"it has a '{seg}' segment"
+            elif len(seg.encode("utf-8", "surrogatepass")) > _MAX_SEGMENT:
+                problem = f"a segment is longer than {_MAX_SEGMENT} bytes"
+            if problem:
+                break
+    if problem:
+        raise InvalidInputError(
+            f"invalid {what} {key!r}: {problem}; {what}s are normalized relative POSIX paths like 'data/train.h5'"
+        )
+    return key
+
+
+def validate_name(name: object) -> str:
+    """Validate a head or pin name (a key that also may not contain ':')."""
+    validate_key(name, "name")
+    assert isinstance(name, str)
+    if ":" in name:
+        raise InvalidInputError(f"invalid name {name!r}: ':' is reserved for digests like 'blake3:...'")
+    return name
+
+
+def ref_path(root: Path, kind: str, name: str) -> Path:
+    """``<root>/refs/heads/<name>`` or ``<root>/refs/pins/<name>``."""
+    return root / (HEADS if kind == "heads" else PINS) / name
+
+
+def lock_path(root: Path, kind: str, name: str) -> Path:
+    """Sidecar lock file for a name: ``<root>/locks/<kind>/<blake3(name)[:32]>.lock``.
+
+    Hashed, not ``<name>.lock``: the names ``x`` and ``x.lock/y`` are both valid,
+    and their lock files would collide (a file where a directory must be).
+    """
+    h = new_hasher()
+    h.update(name.encode("utf-8", "surrogatepass"))
+    return root / LOCKS / kind / f"{h.hexdigest()[:32]}.lock"
+
+
+def read_ref(root: Path, kind: str, name: str) -> Optional[Digest]:
+    """Lock-free read of a ref; ``None`` if it does not exist."""
+    p = ref_path(root, kind, name)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO):
+            raise StoreFormatError(f"ref {p} is a symbolic link or special file, not a ref; remove it") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            raise StoreFormatError(f"ref {p} is not a regular file (a FIFO or device?); remove it")
+        text = os.read(fd, 256)
+    finally:
+        os.close(fd)
+    try:
+        return Digest.parse(text.decode("ascii").strip())
+    except (UnicodeDecodeError, InvalidDigestError):
+        raise StoreFormatError(f"ref {p} is damaged (content {text[:80]!r}); restore it or remove it") from None
+
+
+def write_ref(root: Path, kind: str, name: str, digest: Digest, *, durable: bool = True) -> None:
+    """Point a ref at ``digest`` by atomic rename (creating parent dirs as needed)."""
+    p = ref_path(root, kind, name)
+    if p.is_dir():
+        raise InvalidInputError(f"name {name!r} is a prefix of other names ({p} is a directory); choose another")
+    try:
+        makedirs(p.parent, durable)  # new dirs: setgid mode copied, entries fsynced when durable
+    except (FileExistsError, NotADirectoryError):
+        raise InvalidInputError(
+            f"name {name!r} conflicts with an existing name that is a prefix of it; choose another"
+        ) from None
+    write_file_atomic(root / TMP, p, f"{digest}\n".encode(), durable=durable, mode=0o444)
+
+
+def list_refs(root: Path, kind: str) -> Dict[str, Digest]:
+    """All refs of a kind, name -> digest, sorted by name."""
+    base = root / (HEADS if kind == "heads" else PINS)
+    out: Dict[str, Digest] = {}
+    todo: List[str] = [""]  # an explicit stack: deep names cannot hit a recursion limit
+    while todo:
+        rel = todo.pop()
+        try:
+            ents = list(os.scandir(base / rel if rel else base))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for ent in ents:
+            name = f"{rel}/{ent.name}" if rel else ent.name
+            if ent.is_dir(follow_symlinks=False):
+                todo.append(name)
+                continue
+            try:
+                name = validate_name(name)
+                d = read_ref(root, kind, name)
+            except (InvalidInputError, InvalidTypeError, StoreFormatError):
+                continue  # not a ref casstore wrote (verify reports stray files)
+            if d is not None:
+                out[name] = d
+    return dict(sorted(out.items()))
+
+
+def remove_ref(root: Path, kind: str, name: str, *, durable: bool = True) -> bool:
+    """Remove a ref file; ``False`` if it did not exist."""
+    p = ref_path(root, kind, name)
+    try:
+        os.unlink(p)
+    except FileNotFoundError:
+        return False
+    if durable:
+        fsync_dir(p.parent)
+    return True
+
+
+class LocalRefs(RefStore):
+    """Heads and pins as files under ``<root>/refs``; compare-and-swap under the name's lock."""
+
+    def __init__(self, root: Path, *, durable: bool = True) -> None:
+        self.root = root
+        """The store root."""
+        self.durable = durable
+        """fsync ref files and their directories."""
+
+    def lock(self, name: str, *, timeout: Optional[float] = DEFAULT_TIMEOUT, what: str = "") -> FileLock:
+        """The lock of one name (heads and pins alike): hold it across a read-modify-write."""
+        return FileLock(lock_path(self.root, "names", validate_name(name)), timeout=timeout,
+                        what=what or f"name {name!r}")
+
+    def read(self, kind: str, name: str) -> Optional[Ref]:
+        """Lock-free read; the token of a local ref is its digest."""
+        d = read_ref(self.root, _kind(kind), validate_name(name))
+        return None if d is None else Ref(d, d.hex)
+
+    def write(self, kind: str, name: str, digest: Digest) -> None:
+        """Point a ref at ``digest`` by atomic rename (the caller holds :meth:`lock`)."""
+        write_ref(self.root, _kind(kind), validate_name(name), digest, durable=self.durable)
+
+    def remove(self, kind: str, name: str) -> bool:
+        """Remove a ref (the caller holds :meth:`lock`); ``False`` if it did not exist."""
+        return remove_ref(self.root, _kind(kind), validate_name(name), durable=self.durable)
+
+    def compare_and_swap(self, kind: str, name: str, new: Optional[Digest], expected: Optional[Ref], *,
+                         timeout: Optional[float] = DEFAULT_TIMEOUT) -> bool:
+        """Move ``name`` to ``new`` (``None``: remove it) only if it still is ``expected``."""
+        with self.lock(name, timeout=timeout):
+            cur = self.read(kind, name)
+            if (cur is None) != (expected is None) or (cur is not None and expected is not None
+                                                        and cur.digest != expected.digest):
+                return False
+            if new is None:
+                self.remove(kind, name)
+            else:
+                self.write(kind, name, new)
+            return True
+
+    def list(self, kind: str) -> Dict[str, Digest]:
+        """Every ref of a kind, name -> digest, sorted by name."""
+        return list_refs(self.root, _kind(kind))
+
+    def __repr__(self) -> str:
+        return f"LocalRefs({str(self.root)!r})"
+
+
+def _kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise InvalidInputError(f"ref kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    return kind
