@@ -33,6 +33,8 @@ runtime import, and that import is the upward edge or the cycle the rule forbids
 the rule (upward, across features, or closing a runtime cycle) binds names used only in
 annotations (which ``from __future__ import annotations`` keeps unevaluated; without it a
 function's annotations run at definition time and count as runtime uses) or string literals.
+The same test reports any other name imported under ``TYPE_CHECKING`` and used at runtime:
+that line raises NameError, and mypy cannot see it (it treats ``TYPE_CHECKING`` as true).
 
 Known limits, on purpose: ``getattr(obj, name)`` with a computed name is invisible; an
 attribute ``x._a`` is allowed when the module defines ``_a`` itself (on a class body, a
@@ -604,7 +606,11 @@ def _rebound_at_runtime(tree: ast.Module, names: Set[str], skip: Set[int]) -> Se
 
 
 def check_type_only(package: Package, table: Table) -> List[str]:
-    """Type-only imports that would break the rule at runtime bind names used only in annotations."""
+    """Names imported under TYPE_CHECKING are used only in annotations.
+
+    A runtime use raises NameError; when the import points up, across features or back into a
+    runtime cycle, it is also the dependency the layer rule forbids, and the message says so.
+    """
     out: List[str] = []
     g = runtime_graph(package)
     feats = next((set(layer.units) for layer in table.layers if layer.label == FEATURES), set())
@@ -615,33 +621,30 @@ def check_type_only(package: Package, table: Table) -> List[str]:
     for m in package.modules.values():
         future = _has_future_annotations(m.tree)
         in_annotation = _annotation_nodes(m.tree) if future else set()
-        # Names bound by type-only imports of casstore modules, with the reason they must stay type-only.
-        bound: Dict[str, Tuple[Import, str]] = {}
+        # Names bound by type-only imports: name -> (imported module, line, why it must stay type-only,
+        # or None when only the NameError is at stake).
+        bound: Dict[str, Tuple[str, int, Optional[str]]] = {}
         for node in _type_only_statements(m.tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                for imp in m.imports:
-                    if imp.line != node.lineno or imp.runtime or imp.implicit:
-                        continue
-                    sl, dl = table.layer_of(unit_of(imp.src)), table.layer_of(unit_of(imp.dst))
-                    why = None
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for alias in node.names:
+                if isinstance(node, ast.Import):
+                    dst = alias.name
+                else:
+                    base = _resolve_base(m, node.level, node.module) or ""
+                    sub = f"{base}.{alias.name}"
+                    dst = sub if sub in package.modules else base
+                why: Optional[str] = None
+                if _in_pkg(dst, PKG):
+                    src_unit, dst_unit = m.unit, unit_of(dst)
+                    sl, dl = table.layer_of(src_unit), table.layer_of(dst_unit)
                     if sl and dl and dl.number > sl.number:
-                        why = f"{imp.dst} is in a higher layer ({dl.number} {dl.label} > {sl.number} {sl.label})"
-                    elif unit_of(imp.src) in feats and unit_of(imp.dst) in feats and \
-                            unit_of(imp.src) != unit_of(imp.dst):
-                        why = f"{imp.dst} is another feature"
-                    elif reaches(imp.dst, imp.src):
-                        why = f"{imp.dst} imports {imp.src} at runtime (a cycle)"
-                    if why is None:
-                        continue
-                    for alias in node.names:
-                        if isinstance(node, ast.Import):
-                            alias_dst = alias.name
-                        else:
-                            base = _resolve_base(m, node.level, node.module) or ""
-                            sub = f"{base}.{alias.name}"
-                            alias_dst = sub if sub in package.modules else base
-                        if alias_dst == imp.dst:
-                            bound[alias.asname or alias.name.split(".")[0]] = (imp, why)
+                        why = f"{dst} is in a higher layer ({dl.number} {dl.label} > {sl.number} {sl.label})"
+                    elif src_unit in feats and dst_unit in feats and src_unit != dst_unit:
+                        why = f"{dst} is another feature"
+                    elif reaches(dst, m.name):
+                        why = f"{dst} imports {m.name} at runtime (a cycle)"
+                bound[alias.asname or alias.name.split(".")[0]] = (dst, node.lineno, why)
         if not bound:
             continue
         type_only_nodes = {id(n) for b in _type_only_statements(m.tree) for n in ast.walk(b)}
@@ -650,12 +653,17 @@ def check_type_only(package: Package, table: Table) -> List[str]:
             if isinstance(use, ast.Name) and use.id in bound and isinstance(use.ctx, ast.Load) \
                     and id(use) not in in_annotation and id(use) not in type_only_nodes \
                     and id(use) not in rebound:
-                imp, why = bound[use.id]
+                dst, line, why = bound[use.id]
                 hint = "" if future else " (this module lacks `from __future__ import annotations`, so its " \
                                          "annotations run too)"
-                out.append(f"{m.path}:{use.lineno}: {use.id!r} is used at runtime{hint}, but it is imported "
-                           f"only under TYPE_CHECKING ({imp.path}:{imp.line}) and must stay type-only because "
-                           f"{why}; use it in annotations only, or depend on a lower-layer object instead")
+                head = (f"{m.path}:{use.lineno}: {use.id!r} is used at runtime{hint}, but it is imported only "
+                        f"under TYPE_CHECKING ({m.path}:{line}), so that line raises NameError")
+                if why is None:
+                    out.append(f"{head}; nothing forbids a runtime import of {dst} here: move the import out of "
+                               "the TYPE_CHECKING block (or import it in the function that uses it)")
+                else:
+                    out.append(f"{head}; the import must stay type-only because {why}: use the name in "
+                               "annotations only, or depend on a lower-layer object instead")
     return out
 
 
@@ -1026,6 +1034,8 @@ def test_selftest_type_only_used_at_runtime_reported() -> None:
             "def f(s: Store) -> Store:\n    x: Store = s\n    return cast('Store', x)\n"   # fine
             "def g(s):\n    return isinstance(s, Store)\n"                                # 9: runtime
         ),
+        "casstore/mid.py": ("from __future__ import annotations\nfrom typing import TYPE_CHECKING\n"
+                            "if TYPE_CHECKING:\n    from .low import L\nx = L\n"),  # 5: NameError
         "casstore/store.py": (  # store type-imports a feature that imports it: fine while type-only
             "from __future__ import annotations\nfrom typing import TYPE_CHECKING\n"
             "if TYPE_CHECKING:\n    from .f1 import T\n"
@@ -1038,8 +1048,9 @@ def test_selftest_type_only_used_at_runtime_reported() -> None:
     })
     msgs = check_type_only(package, table)
     where = [s.split(":")[0:2] for s in msgs]
-    assert where == [["casstore/f1/__init__.py", "9"], ["casstore/f2/__init__.py", "4"]], msgs
-    assert "lacks `from __future__ import annotations`" in msgs[1]
+    assert where == [["casstore/f1/__init__.py", "9"], ["casstore/f2/__init__.py", "4"], ["casstore/mid.py", "5"]], msgs
+    assert "lacks `from __future__ import annotations`" in msgs[1] and "must stay type-only" in msgs[1]
+    assert "move the import out of the TYPE_CHECKING block" in msgs[2]
 
 
 def test_selftest_table_unplaced_stale_and_malformed() -> None:
