@@ -43,6 +43,8 @@ __all__ = [
     "copy_range",
     "makedirs",
     "copy_exact",
+    "disk_full",
+    "free_bytes",
     "run_beside",
     "Beside",
     "STALE_AGE",
@@ -138,12 +140,15 @@ def pwrite_all(fd: int, buf: bytes | bytearray | memoryview, off: int) -> None:
     """``pwrite`` all of ``buf`` at ``off``, looping over short writes."""
     mv = memoryview(buf).cast("B")
     n = len(mv)
-    done = os.pwrite(fd, mv, off)
-    while done < n:  # short writes: disk nearly full, signals
-        w = os.pwrite(fd, mv[done:], off + done)
-        if w <= 0:  # pragma: no cover
-            raise OSError(errno.EIO, "short write")
-        done += w
+    try:
+        done = os.pwrite(fd, mv, off)
+        while done < n:  # short writes: disk nearly full, signals
+            w = os.pwrite(fd, mv[done:], off + done)
+            if w <= 0:  # pragma: no cover
+                raise OSError(errno.EIO, "short write")
+            done += w
+    except OSError as e:
+        raise disk_full(e, _fd_dir(fd)) from None
 
 
 _COPY_BUF = 8 << 20
@@ -165,7 +170,7 @@ def copy_range(src: int, dst: int, n: int, src_off: int = 0, dst_off: int = 0) -
             done += k
     except OSError as e:
         if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-            raise
+            raise disk_full(e, _fd_dir(dst)) from None
     if done < n:
         mv = memoryview(bytearray(min(n - done, _COPY_BUF)))
         while done < n:
@@ -175,6 +180,43 @@ def copy_range(src: int, dst: int, n: int, src_off: int = 0, dst_off: int = 0) -
             pwrite_all(dst, mv[:k], dst_off + done)
             done += k
     return done
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def free_bytes(path: os.PathLike[str] | str) -> Optional[int]:
+    """Bytes available to this user on the filesystem holding ``path`` (None if unknown)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def disk_full(e: OSError, where: os.PathLike[str] | str, what: str = "writing") -> OSError:
+    """The error to raise for ``e``: a :class:`DiskFullError` naming ``where`` and its free space
+    when ``e`` is ENOSPC/EDQUOT, else ``e`` itself."""
+    from .errors import CasstoreError, DiskFullError
+
+    if e.errno not in NO_SPACE or isinstance(e, CasstoreError):
+        return e
+    free = free_bytes(where)
+    shown = "unknown" if free is None else f"{free:,} bytes"
+    quota = " (disk quota exceeded)" if e.errno == errno.EDQUOT else ""
+    return DiskFullError(
+        f"no space left{quota} {what} under {where} ({shown} free there); nothing was half-written: "
+        "free space (casstore gc, store.limit, or delete other files) and retry",
+        e.errno or errno.ENOSPC,
+    )
+
+
+def _fd_dir(fd: int) -> str:
+    """The directory of an open file, for messages (its /proc link where that cannot be read)."""
+    try:
+        return os.path.dirname(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return f"/proc/self/fd/{fd}"
 
 
 def copy_exact(src: int, dst: int, size: int) -> None:
@@ -248,15 +290,21 @@ class Staging:
         self.path = tmpdir / name
         self._pid = os.getpid()
         self._done = False
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise disk_full(e, tmpdir) from None
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Write all of ``data`` (looping over short writes); returns its length."""
         mv = memoryview(data).cast("B")
         n = len(mv)
         off = 0
-        while off < n:
-            off += os.write(self.fd, mv[off:])
+        try:
+            while off < n:
+                off += os.write(self.fd, mv[off:])
+        except OSError as e:
+            raise disk_full(e, self.path.parent) from None
         return n
 
     def sync(self) -> None:
@@ -271,19 +319,22 @@ class Staging:
         directory after it.  ``sync_dir=False`` lets a batch sync directories once.
         """
         try:
-            os.fchmod(self.fd, mode)
-            if durable and not synced:
-                os.fsync(self.fd)
-        finally:
-            os.close(self.fd)
-            self.fd = -1
-        try:
-            os.rename(self.path, dest)
-        except FileNotFoundError:
-            # First object in this fan-out directory: create it, make the new
-            # directory entry durable, then retry the rename.
-            makedirs(dest.parent, durable)
-            os.rename(self.path, dest)
+            try:
+                os.fchmod(self.fd, mode)
+                if durable and not synced:
+                    os.fsync(self.fd)  # ENOSPC here on some filesystems (NFS, thin volumes)
+            finally:
+                os.close(self.fd)
+                self.fd = -1
+            try:
+                os.rename(self.path, dest)
+            except FileNotFoundError:
+                # First object in this fan-out directory: create it, make the new
+                # directory entry durable, then retry the rename.
+                makedirs(dest.parent, durable)
+                os.rename(self.path, dest)
+        except OSError as e:
+            raise disk_full(e, dest.parent) from None
         self._done = True
         if durable and sync_dir:
             fsync_dir(dest.parent)
@@ -337,6 +388,8 @@ def makedirs(path: Path, durable: bool = False) -> None:
             os.mkdir(d, 0o777)
         except FileExistsError:
             continue  # made by a concurrent writer: theirs to sync and chmod
+        except OSError as e:
+            raise disk_full(e, d.parent) from None
         if shared_mode is not None:
             try:
                 os.chmod(d, shared_mode)

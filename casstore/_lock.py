@@ -92,11 +92,19 @@ class FileLock:
         except FileNotFoundError:
             makedirs(self.path.parent)  # new dirs copy a shared (setgid) parent's mode
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, self.mode)
-        except PermissionError as e:
+        except OSError as e:
+            # EACCES/EPERM (another user's store) or EROFS (a read-only mount).
+            if not isinstance(e, PermissionError) and e.errno != errno.EROFS:
+                raise
             if self.shared:
                 # Readers of a read-only store may still take shared locks.
-                return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-            raise ReadOnlyError(f"cannot open lock file {self.path}: {e.strerror}") from None
+                try:
+                    return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    pass
+            raise ReadOnlyError(
+                f"cannot open lock file {self.path}: {e.strerror}; the store is read-only for this process"
+            ) from None
         share_new_file(fd, self.path.parent)  # group-writable in a shared store, whatever the umask
         return fd
 

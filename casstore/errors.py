@@ -8,6 +8,8 @@ Messages say what happened, to which digest, path or name, and what to do.
 
 from __future__ import annotations
 
+import errno
+
 __all__ = [
     "CasstoreError",
     "ObjectNotFoundError",
@@ -24,6 +26,7 @@ __all__ = [
     "RemoteConflictError",
     "CacheIndexError",
     "CompressedObjectError",
+    "DiskFullError",
 ]
 
 
@@ -73,6 +76,21 @@ class ReadOnlyError(CasstoreError, PermissionError):
 
 class BackendError(CasstoreError, OSError):
     """The storage backend failed (I/O error, unreachable server, bad credentials)."""
+
+
+class DiskFullError(CasstoreError, OSError):
+    """No space (or quota) left where casstore was writing.
+
+    Nothing was half-published: the staged file is removed, and the store is
+    fully usable again once space is freed (``casstore gc``, ``store.limit``).
+    ``errno`` is ``ENOSPC`` (or ``EDQUOT``), as the ``OSError`` it replaces.
+    """
+
+    def __init__(self, message: str, err: int = errno.ENOSPC) -> None:
+        super().__init__(err, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 class RemoteConflictError(BackendError):

@@ -19,14 +19,29 @@ Codec differences are the :mod:`casstore.codecs` strategy's business.
 from __future__ import annotations
 
 import errno
+import functools
 import io
 import os
 import stat as stat_mod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, BinaryIO, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (
+    IO,
+    BinaryIO,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
-from .._fs import Staging, copy_exact, fsync_dir, makedirs, pwrite_all, run_beside, syncfs
+from .._fs import Staging, copy_exact, disk_full, fsync_dir, makedirs, pwrite_all, run_beside, syncfs
 from .._layout import OBJECTS, is_fanout, object_path, parse_object_name
 from ..codecs import CODECS, RAW, ZSTD, Codec, CompressArg, file_sample_pays, normalize_compress, sample_pays
 from ..digest import Digest, hash_bytes, hash_fd, new_hasher, parse_prefix
@@ -54,6 +69,25 @@ _MODE = 0o444  # objects are read-only for everyone
 # verify_file's memo: (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) -> hex, oldest first.
 _VERIFIED: Dict[Tuple[int, int, int, int, int], str] = {}
 _VERIFIED_MAX = 4096
+
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def _no_space(fn: F) -> F:
+    """Turn ENOSPC/EDQUOT from any step of a write into one DiskFullError naming the store.
+
+    Hazard: a full disk can strike in a zstd stream writer, a copy, an fsync or
+    a rename; each staging file is removed by its ``with`` block, so the store
+    is left exactly as before the call.
+    """
+    @functools.wraps(fn)
+    def wrapper(self: LocalObjects, *args: object, **kwargs: object) -> object:
+        try:
+            return fn(self, *args, **kwargs)
+        except OSError as e:
+            raise disk_full(e, self.root, "storing an object") from None
+    return wrapper  # type: ignore[return-value]
 
 
 def as_buffer(data: object, what: str = "put") -> memoryview:
@@ -212,6 +246,7 @@ class LocalObjects(ObjectStore):
         st.commit(dest, durable=self.durable if durable is None else durable, mode=_MODE,
                   synced=synced, sync_dir=sync_dir)
 
+    @_no_space
     def publish_batch(self, items: Sequence[StagedObject]) -> None:
         """Publish many staged objects with one ``syncfs`` before and one after (durable stores).
 
@@ -229,6 +264,7 @@ class LocalObjects(ObjectStore):
             for it in items:
                 it.staging.abort()
 
+    @_no_space
     def write(self, digest: Digest, data: Buffer) -> bool:
         """Create the object from its bytes (checked against ``digest``); ``False`` if present."""
         mv = as_buffer(data, "write")
@@ -240,6 +276,7 @@ class LocalObjects(ObjectStore):
         self._write_buffer(digest, mv, self.level_for(None), durable=self.durable)
         return True
 
+    @_no_space
     def put(self, data: Buffer, *, compress: CompressArg = None) -> Digest:
         """Store ``data``; return its digest.  Idempotent: same bytes, same digest, one object."""
         mv = as_buffer(data)
@@ -249,6 +286,7 @@ class LocalObjects(ObjectStore):
         self._write_buffer(d, mv, self.level_for(compress), durable=self.durable)
         return d
 
+    @_no_space
     def put_parts(self, parts: Iterable[Buffer], *, compress: CompressArg = None) -> Digest:
         """Store the concatenation of ``parts`` without concatenating them in memory."""
         mvs = [as_buffer(p, "put_parts") for p in parts]
@@ -274,6 +312,7 @@ class LocalObjects(ObjectStore):
             return ZSTD.encode(mv, level), ZSTD
         return mv, RAW
 
+    @_no_space
     def stage_bytes(self, d: Digest, data: Buffer, level: Optional[int]) -> StagedObject:
         """Encode ``data`` (already known to hash to ``d``) into a staging file, not yet published.
 
@@ -295,6 +334,7 @@ class LocalObjects(ObjectStore):
             st.write(payload)
             self.publish(st, d, codec, durable=durable)
 
+    @_no_space
     def put_many(self, items: Iterable[Buffer], *, compress: CompressArg = None) -> List[Digest]:
         """Store many small objects; durable with one filesystem sync per batch (see :meth:`publish_batch`)."""
         level = self.level_for(compress)
@@ -324,6 +364,7 @@ class LocalObjects(ObjectStore):
                 it.staging.abort()
         return out
 
+    @_no_space
     def write_many(self, items: Iterable[Tuple[Digest, Buffer]]) -> int:
         """Batch form of :meth:`write` (one filesystem sync per batch)."""
         checked: List[Buffer] = []
@@ -337,6 +378,7 @@ class LocalObjects(ObjectStore):
         self.put_many(checked)
         return len(checked) - before
 
+    @_no_space
     def put_path(self, path: Union[str, os.PathLike[str]], *, compress: CompressArg = None) -> Digest:
         """Store a file of any size by streaming it; return its digest.
 
@@ -395,6 +437,7 @@ class LocalObjects(ObjectStore):
             self.publish(st, d, RAW, synced=fsync is not None)
             return d
 
+    @_no_space
     def put_stream(self, stream: IO[bytes], *, compress: CompressArg = None) -> Digest:
         """Store everything readable from a binary stream; return its digest."""
         if not hasattr(stream, "read"):
@@ -443,6 +486,7 @@ class LocalObjects(ObjectStore):
             self.publish(st, d, ZSTD)
             return d
 
+    @_no_space
     def adopt(self, path: Union[str, os.PathLike[str]], *, link: bool = False) -> Digest:
         """Make a finished file in this store's ``tmp/`` an object without copying it; return its digest.
 
@@ -565,6 +609,7 @@ class LocalObjects(ObjectStore):
         os.close(fd)
         return Path(loc.path)
 
+    @_no_space
     def raw_path(self, digest: Digest) -> Path:
         """Like :meth:`path`, but a compressed object is first materialized raw (once), verified."""
         loc = self.locate(digest)
