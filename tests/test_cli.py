@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
+import stat
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
-from conftest import PYTHON, b3, compressible, name_of, object_files
+from conftest import DROP_PRIVILEGES, PYTHON, b3, compressible, name_of, object_files
 
 import casstore
 from casstore.cli import main
@@ -264,3 +269,226 @@ def test_main_in_process(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch.setenv("CASSTORE_DIR", str(tmp_path / "envstore"))
     assert main(["put", "f.bin"]) == 0
     assert casstore.open(tmp_path / "envstore", create=False).contains(b3(b"in process"))
+
+
+# -- robustness: never a traceback without --debug (issue 11, class 10) -------------------------------------
+
+
+def _no_traceback(r: subprocess.CompletedProcess[bytes], rc: int) -> str:
+    err = r.stderr.decode()
+    assert r.returncode == rc, (r.returncode, err)
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    return err
+
+
+def _unexpected_line(r: subprocess.CompletedProcess[bytes], command: str, kind: str) -> str:
+    err = _no_traceback(r, 1)
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"casstore: error: {command} failed unexpectedly: "), err
+    assert f"[{kind}]" in err and f"casstore --debug {command}" in err, err
+    return err
+
+
+def _sh(tmp_path: Path, redirect: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """The CLI started by a shell with ``redirect`` applied (``>&-`` closes stdout, ``>/dev/full`` ...)."""
+    return subprocess.run(["sh", "-c", f'exec "$@" {redirect}', "sh", PYTHON, "-m", "casstore.cli", *args],
+                          capture_output=True, env=_env(tmp_path), cwd=tmp_path, timeout=120)
+
+
+def test_bad_argument_values_are_usage_errors(tmp_path: Path) -> None:
+    store = str(tmp_path / "s")
+    casstore.open(store)
+    cases = [
+        (("log", "-n", "x", "h"), "-n/--limit: expected a whole number >= 0, got 'x'"),
+        (("log", "-n", "-1", "h"), "-n/--limit: expected a whole number >= 0, got '-1'"),
+        (("gc", "--keep-history", "-1"), "--keep-history: expected a whole number >= 0"),
+        (("gc", "--keep-history", "2.5"), "--keep-history: expected a whole number >= 0"),
+        (("gc", "--timeout", "-1"), "--timeout: expected a number of seconds >= 0"),
+        (("gc", "--timeout", "nan"), "--timeout: expected a number of seconds >= 0"),
+        (("gc", "--dry-run", "--yes"), "not allowed with argument"),
+        (("manifest", "set", "--timeout", "soon", "m", "k", "v"), "--timeout: expected a number of seconds"),
+        (("push", "origin", "--workers", "0"), "--workers: expected a whole number >= 1"),
+        (("pull", "origin", "--workers", "many"), "--workers: expected a whole number >= 1"),
+        (("pull", "origin", "--merge", "mine"), "invalid choice: 'mine'"),
+        (("du", "--by", "tag"), "invalid choice: 'tag'"),
+    ]
+    for args, message in cases:
+        err = _no_traceback(cli(tmp_path, "--store", store, *args), 2)
+        assert err.startswith("usage: casstore ") and message in err, (args, err)
+    for args in (("manifest",), ("remote",), ("cache",)):  # a command without its action: its help
+        err = _no_traceback(cli(tmp_path, "--store", store, *args), 2)
+        assert "ACTION" in err and "usage:" in err
+
+
+def test_bad_values_reaching_the_store_are_one_line_errors(tmp_path: Path) -> None:
+    store = str(tmp_path / "s")
+    s = casstore.open(store)
+    d = s.put(b"some bytes")
+    for args, kind in [
+        (("get", "not-a-digest!"), "InvalidDigestError"),
+        (("stat", "sha256:" + "0" * 64), "InvalidDigestError"),
+        (("gc", "--grace", "soon"), "InvalidInputError"),
+        (("gc", "--grace", "-5"), "InvalidInputError"),
+        (("gc", "--max-size", "-5"), "InvalidInputError"),
+        (("gc", "--max-size", "lots"), "InvalidInputError"),
+        (("init", "--compress", "-3", str(tmp_path / "s2")), "InvalidInputError"),
+        (("init", "--compress", "99", str(tmp_path / "s2")), "InvalidInputError"),
+        (("put", "no-such-file"), "ObjectNotFoundError"),
+        (("get", str(d), "-o", str(tmp_path / "no-such-dir" / "out")), "InvalidInputError"),
+        (("get", str(d), "-o", str(tmp_path)), "InvalidInputError"),
+        (("get", str(d), "-o", str(tmp_path / ("x" * 300))), "InvalidInputError"),
+    ]:
+        _one_line_error(cli(tmp_path, "--store", store, *args), kind)
+    # FILE|DIGEST: a missing file is named as such, not as a "malformed digest"
+    err = _one_line_error(cli(tmp_path, "--store", store, "manifest", "set", "m", "k", "no-such-file"),
+                          "ObjectNotFoundError")
+    assert "'no-such-file' is neither a file nor a digest" in err
+    assert s.heads() == {}
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> None:
+    store = str(tmp_path / "s")
+    s = casstore.open(store)
+    d = s.put(os.urandom(3 << 20))
+    # A full disk under stdout: an OSError casstore does not type.
+    _unexpected_line(_sh(tmp_path, ">/dev/full", "--store", store, "get", str(d)), "get", "OSError")
+    _unexpected_line(_sh(tmp_path, ">/dev/full", "--store", store, "ls"), "ls", "OSError")  # at the final flush
+    r = _sh(tmp_path, ">/dev/full", "--store", store, "--debug", "get", str(d))
+    err = r.stderr.decode()
+    assert r.returncode == 1 and "Traceback (most recent call last)" in err and "No space left on device" in err
+
+
+def test_a_broken_store_never_prints_a_traceback(tmp_path: Path) -> None:
+    # Damage an object directory and the settings file by hand: whether the store types
+    # these errors or not, the CLI prints one line, and a traceback only with --debug.
+    s1, s2 = tmp_path / "s1", tmp_path / "s2"
+    casstore.open(s1)
+    shutil.rmtree(s1 / "objects")
+    (s1 / "objects").write_bytes(b"not a directory")
+    casstore.open(s2)
+    (s2 / "store.toml").unlink()
+    (s2 / "store.toml").symlink_to("store.toml")  # a loop
+    for root in (s1, s2):
+        for args in (("ls",), ("put", "a.bin"), ("verify",), ("gc",), ("stats",)):
+            (tmp_path / "a.bin").write_bytes(b"a")
+            err = _no_traceback(cli(tmp_path, "--store", str(root), *args), 1)
+            assert err.count("\n") == 1 and err.startswith("casstore: error: "), (root, args, err)
+        r = cli(tmp_path, "--store", str(root), "--debug", "ls")
+        assert r.returncode == 1 and b"Traceback (most recent call last)" in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the CLI as another user")
+def test_a_store_the_user_cannot_read_is_one_line(world_dir: Path) -> None:
+    root = world_dir / "private"
+    casstore.open(root)
+    os.chmod(root / "store.toml", 0o600)  # root's; uid 65534 may not read it
+    # The interpreter and casstore load as root (the venv may be closed to others), then drop to 65534.
+    code = "import sys\nfrom casstore.cli import main\n" + DROP_PRIVILEGES + "sys.exit(main(sys.argv[1:]))\n"
+    for debug in ((), ("--debug",)):
+        r = subprocess.run([PYTHON, "-c", code, "--store", str(root), *debug, "ls"], capture_output=True,
+                           env=_env(world_dir), cwd=world_dir, timeout=120)
+        err = r.stderr.decode()
+        assert r.returncode == 1, err
+        if debug:
+            assert "Traceback (most recent call last)" in err
+        else:
+            assert "Traceback" not in err and err.count("\n") == 1 and err.startswith("casstore: error: "), err
+
+
+def test_interrupt_exits_130_with_one_line(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    s = casstore.open(store)
+    d = s.put(b"value")
+    locks = os.path.realpath(store / "locks")
+    with s.edit("m"):  # held here: the CLI waits for the name lock until interrupted
+        p = subprocess.Popen([PYTHON, "-m", "casstore.cli", "--store", str(store), "manifest", "set", "m", "k", str(d)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(tmp_path), cwd=tmp_path)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:  # until it has the lock file open, i.e. it is waiting
+                try:
+                    fds = [os.readlink(f"/proc/{p.pid}/fd/{n}") for n in os.listdir(f"/proc/{p.pid}/fd")]
+                except OSError:
+                    fds = []
+                if any(f.startswith(locks + os.sep) for f in fds):
+                    break
+                assert p.poll() is None, p.communicate()
+                time.sleep(0.01)
+            p.send_signal(signal.SIGINT)
+            out, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+    assert p.returncode == 130, err
+    assert err == b"casstore manifest set: interrupted\n" and out == b""
+    assert "m" not in s.heads()
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    s = casstore.open(store)
+    s.put_many([b"object %d" % i for i in range(3000)])  # `ls` prints ~250 KB: more than a pipe holds
+    big = s.put(os.urandom(8 << 20))
+    for args in (("ls",), ("ls", "--json"), ("get", str(big))):
+        p = subprocess.Popen([PYTHON, "-m", "casstore.cli", "--store", str(store), *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=_env(tmp_path), cwd=tmp_path)
+        assert p.stdout is not None and p.stderr is not None
+        assert len(p.stdout.read(100)) == 100  # like `| head -c 100`
+        p.stdout.close()
+        err = p.stderr.read()
+        assert p.wait(timeout=120) == 0, err
+        assert err == b"", err.decode()
+
+
+def test_closed_standard_streams(tmp_path: Path) -> None:
+    store = str(tmp_path / "s")
+    s = casstore.open(store)
+    data = os.urandom(1 << 20)
+    d = s.put(data)
+    _one_line_error(_sh(tmp_path, "<&-", "--store", store, "put", "-"), "InvalidInputError")
+    _one_line_error(_sh(tmp_path, ">&-", "--store", store, "get", str(d)), "InvalidInputError")
+    # With stdout closed, /dev/stdout (/proc/self/fd/1) must not become the next file the
+    # store opens: that once truncated the object being read.
+    r = _sh(tmp_path, ">&-", "--store", store, "get", str(d), "-o", "/dev/stdout")
+    assert r.returncode == 0, r.stderr.decode()
+    assert s.get(d) == data and s.verify().ok
+    assert _sh(tmp_path, ">&-", "--store", store, "ls").returncode == 0
+
+
+def test_get_output_keeps_devices_pipes_and_links(tmp_path: Path) -> None:
+    store = str(tmp_path / "s")
+    s = casstore.open(store)
+    data = os.urandom(300_000)
+    d = s.put(data)
+    # a new file: the permissions any new file gets (mkstemp's 0600 is not kept)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    _ok(cli(tmp_path, "--store", store, "get", str(d), "-o", "new.bin"))
+    assert (tmp_path / "new.bin").read_bytes() == data
+    assert stat.S_IMODE(os.stat(tmp_path / "new.bin").st_mode) == 0o666 & ~umask
+    # an existing file keeps its permissions
+    (tmp_path / "old.bin").write_bytes(b"old")
+    os.chmod(tmp_path / "old.bin", 0o640)
+    _ok(cli(tmp_path, "--store", store, "get", str(d), "-o", "old.bin"))
+    assert (tmp_path / "old.bin").read_bytes() == data and stat.S_IMODE(os.stat(tmp_path / "old.bin").st_mode) == 0o640
+    # a symlink: the file it names gets the bytes, the link stays
+    (tmp_path / "target.bin").write_bytes(b"old")
+    (tmp_path / "link.bin").symlink_to("target.bin")
+    _ok(cli(tmp_path, "--store", store, "get", str(d), "-o", "link.bin"))
+    assert (tmp_path / "link.bin").is_symlink() and (tmp_path / "target.bin").read_bytes() == data
+    # a named pipe is written into, not replaced
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: List[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    _ok(cli(tmp_path, "--store", store, "get", str(d), "-o", str(fifo)))
+    reader.join(60)
+    assert got == [data] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    # /dev/stdout appends where the shell points stdout (reopening it would truncate the file)
+    (tmp_path / "log").write_bytes(b"header\n")
+    r = _sh(tmp_path, f">>{tmp_path / 'log'}", "--store", store, "get", str(d), "-o", "/dev/stdout")
+    assert r.returncode == 0, r.stderr.decode()
+    assert (tmp_path / "log").read_bytes() == b"header\n" + data

@@ -90,3 +90,30 @@ def test_init_shared(world_dir: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert s.config.shared
     for d in (root, root / "objects" / "7f", root / "tmp", root / "locks"):
         assert stat.S_IMODE(os.stat(d).st_mode) == 0o2775, d
+
+
+def test_gc_max_size_evicts_least_recently_used_junk(cli_store: casstore.Store,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    before = n_objects(cli_store)
+    total = cli_store.usage().stored_bytes
+    rc, out = run(cli_store, capsys, "gc", "--max-size", str(total - 1), "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["met"] and doc["dry_run"] and 1 <= doc["objects"] <= 4
+    assert n_objects(cli_store) == before  # a plan only
+    rc, out = run(cli_store, capsys, "gc", "--max-size", str(total - 1), "--yes")
+    assert rc == 0 and "deleted" in out
+    assert before - 4 <= n_objects(cli_store) < before
+    assert cli_store.manifest("paper") and cli_store.verify().ok
+
+
+def test_maintenance_option_values_are_checked_by_the_parser(cli_store: casstore.Store,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["gc", "--keep-history", "-1"], ["gc", "--keep-history", "x"], ["gc", "--timeout", "-2"],
+                 ["gc", "--dry-run", "--yes"], ["du", "--by", "everything"]):
+        with pytest.raises(SystemExit) as ei:
+            run(cli_store, capsys, *argv)
+        assert ei.value.code == 2
+        assert "usage: casstore" in capsys.readouterr().err
+    assert main(["--store", str(cli_store.root), "gc", "--grace", "whenever"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("casstore: error: invalid grace") and err.rstrip().endswith("[InvalidInputError]")

@@ -1,4 +1,4 @@
-"""Maintenance subcommands: ``gc``, ``verify``, ``du``, ``stats`` (registered in cli._EXTENSIONS).
+"""Maintenance commands: ``gc``, ``verify``, ``du``, ``stats``.
 
 ``casstore gc`` only plans (a dry run) unless ``--yes`` is given.  Long work
 shows a progress bar on a terminal and stays quiet when piped; ``--json``
@@ -9,33 +9,20 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Callable
 
-from ._progress import human_bytes
-from .errors import InvalidInputError
+from .._progress import human_bytes
+from .common import Add, count_arg, open_from_args, seconds_arg
 
 __all__ = ["register"]
-
-Add = Callable[[str, Callable[[argparse.Namespace], int], str], argparse.ArgumentParser]
-
-
-def _open(args: argparse.Namespace) -> Any:
-    from .cli import open_from_args
-
-    return open_from_args(args, create=False)
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
     """Plan (and with --yes execute) a garbage collection, or a size limit with --max-size."""
-    from .gc import plan_gc, plan_limit
-
-    store = _open(args)
-    if args.dry_run and args.yes:
-        raise InvalidInputError("--dry-run and --yes contradict each other; give one")
+    store = open_from_args(args, create=False)
     if args.max_size is not None:
-        plan = plan_limit(store, args.max_size, keep_history=args.keep_history, grace=args.grace)
+        plan = store.plan_limit(args.max_size, keep_history=args.keep_history, grace=args.grace)
     else:
-        plan = plan_gc(store, keep_history=args.keep_history, grace=args.grace)
+        plan = store.plan_gc(keep_history=args.keep_history, grace=args.grace)
     result = plan.execute(timeout=args.timeout) if args.yes and plan.files else None
     if args.json:
         doc = plan.to_dict(objects=args.verbose)
@@ -59,7 +46,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Verify every object and reference; exit 1 if anything is damaged."""
-    store = _open(args)
+    store = open_from_args(args, create=False)
     report = store.verify(fast=args.fast, repair=args.repair, incremental=args.incremental)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -70,7 +57,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_du(args: argparse.Namespace) -> int:
     """Disk usage per pin and head (their current versions)."""
-    store = _open(args)
+    store = open_from_args(args, create=False)
     u = store.usage()
     rows = [n for n in u.by_name if args.by is None or n.kind == args.by]
     if args.json:
@@ -90,7 +77,7 @@ def cmd_du(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """Store-wide usage: objects, bytes, compression and dedupe."""
-    store = _open(args)
+    store = open_from_args(args, create=False)
     u = store.usage()
     if args.json:
         print(json.dumps(u.to_dict(), indent=2))
@@ -115,14 +102,14 @@ def register(add: Add) -> None:
     mode = sp.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="only show the plan (the default)")
     mode.add_argument("--yes", "-y", action="store_true", help="delete what the plan lists")
-    sp.add_argument("--keep-history", type=int, default=5, metavar="N",
+    sp.add_argument("--keep-history", type=count_arg, default=5, metavar="N",
                     help="versions kept behind each head's current one (default 5)")
     sp.add_argument("--grace", default="1h",
                     help="keep objects written within this long: 90s, 10m, 1h, 2d (default 1h)")
     sp.add_argument("--max-size", default=None, metavar="SIZE",
                     help="instead: evict least-recently-used unreferenced objects until the store fits SIZE "
                          "(e.g. 50G); exits 1 if pinned and head-referenced data alone exceed it")
-    sp.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for commits in progress")
+    sp.add_argument("--timeout", type=seconds_arg, default=600.0, help="seconds to wait for commits in progress")
     sp.add_argument("-v", "--verbose", action="store_true", help="list every object and why it goes")
     sp.add_argument("--json", action="store_true")
     sp = add("verify", cmd_verify, "re-hash every object and check every reference (exit 1 if damaged)")

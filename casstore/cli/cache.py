@@ -1,7 +1,6 @@
 """``casstore cache info|verify NAME``: inspect index caches kept by ``IndexCache.preserve``.
 
-Registered in ``cli._EXTENSIONS``.  ``NAME`` is the pin name given to
-``preserve`` (or a manifest or cache-object digest).
+``NAME`` is the pin name given to ``preserve`` (or a manifest or cache-object digest).
 """
 
 from __future__ import annotations
@@ -9,18 +8,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING
 
-from ._progress import human_bytes
+from .._progress import human_bytes
+from ..errors import IntegrityError
+from .common import Add, add_actions, open_from_args
+
+if TYPE_CHECKING:
+    from .. import IndexCache
 
 __all__ = ["register"]
 
-Add = Callable[[str, Callable[[argparse.Namespace], int], str], argparse.ArgumentParser]
 
-
-def _open(args: argparse.Namespace, verify: str) -> Any:
-    from .cache import IndexCache
-    from .cli import open_from_args
+def _open(args: argparse.Namespace, verify: str) -> IndexCache:
+    """The preserved cache ``args.name``; IndexCache comes from the package's public names."""
+    from .. import IndexCache
 
     return IndexCache.open(open_from_args(args, create=False), args.name, verify=verify)
 
@@ -48,8 +50,6 @@ def cmd_cache_info(args: argparse.Namespace) -> int:
 
 def cmd_cache_verify(args: argparse.Namespace) -> int:
     """Hash the whole object and check every record's checksum; exit 1 on damage."""
-    from .errors import IntegrityError
-
     try:
         cache = _open(args, "record")
         try:
@@ -65,17 +65,9 @@ def cmd_cache_verify(args: argparse.Namespace) -> int:
 
 def register(add: Add) -> None:
     """Add ``casstore cache info`` and ``casstore cache verify``."""
-    sp: argparse.ArgumentParser = add("cache", lambda a: _usage(sp), "inspect preserved index caches (info, verify)")
-    sub = sp.add_subparsers(dest="cache_command", metavar="ACTION")
-    p = sub.add_parser("info", help="length, records, bytes and object of a preserved index cache")
+    action = add_actions(add("cache", None, "inspect preserved index caches (info, verify)"), "cache", "cache_command")
+    p = action("info", cmd_cache_info, "length, records, bytes and object of a preserved index cache")
     p.add_argument("name", help="the name given to IndexCache.preserve, or a digest")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_cache_info)
-    p = sub.add_parser("verify", help="check the whole object's digest and every record's checksum")
+    p = action("verify", cmd_cache_verify, "check the whole object's digest and every record's checksum")
     p.add_argument("name", help="the name given to IndexCache.preserve, or a digest")
-    p.set_defaults(func=cmd_cache_verify)
-
-
-def _usage(p: argparse.ArgumentParser) -> int:
-    p.print_help(sys.stderr)
-    return 2

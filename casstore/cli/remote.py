@@ -1,7 +1,9 @@
-"""``casstore remote add|ls|rm``, ``casstore push`` and ``casstore pull`` (see docs/remotes.md).
+"""Remote commands: ``remote add|ls|check|rm``, ``push`` and ``pull`` (see docs/remotes.md).
 
-Registered through ``casstore.cli._EXTENSIONS``.  Remote settings live in
-``<store>/remotes.toml``; credentials come the usual AWS ways and are never stored.
+Remote settings live in ``<store>/remotes.toml``; credentials come the usual AWS
+ways and are never stored.  ``push`` and ``pull`` go through the
+:class:`~casstore.Store` facade; only the ``remotes.toml`` functions come from
+the sync feature itself, through :class:`_Remotes`.
 """
 
 from __future__ import annotations
@@ -9,33 +11,46 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+from .._progress import human_bytes
+from ..store import Store
+from .common import Add, add_actions, open_from_args, workers_arg
+
+if TYPE_CHECKING:
+    from .. import Remote
 
 __all__ = ["register"]
 
 
-def _store(args: argparse.Namespace, *, create: bool = True) -> Any:
-    from .cli import open_from_args
+class _Remotes:
+    """The ``remotes.toml`` functions of the sync feature (the facade has none).
 
-    return open_from_args(args, create=create)
+    The one place this module imports the feature, so that moving it
+    (``casstore.remote`` -> ``casstore.sync``) changes one line here.
+    """
+
+    def __init__(self) -> None:
+        from ..remote import add_remote, get_remote, load_remotes, remove_remote
+
+        self.add = add_remote
+        self.get = get_remote
+        self.load = load_remotes
+        self.remove = remove_remote
 
 
-def _remote(store: Any, args: argparse.Namespace) -> Any:
-    from .remote import get_remote
-
-    kwargs = {}
-    if getattr(args, "workers", None):
-        kwargs["workers"] = args.workers
-    return get_remote(store, args.remote, **kwargs)
+def _remote(store: Store, name: str, workers: Optional[int] = None) -> Remote:
+    """Remote ``name`` from the store's remotes.toml, with ``workers`` parallel transfers if given."""
+    if workers is None:
+        return _Remotes().get(store, name)
+    return _Remotes().get(store, name, workers=workers)
 
 
 def cmd_remote_add(args: argparse.Namespace) -> int:
     """``casstore remote add NAME URL``: record a remote in the store's remotes.toml."""
-    from .remote import add_remote
-
-    store = _store(args)
-    rem = add_remote(store, args.name, args.url, endpoint_url=args.endpoint_url, region=args.region,
-                     profile=args.profile, replace=args.replace)
+    store = open_from_args(args)
+    rem = _Remotes().add(store, args.name, args.url, endpoint_url=args.endpoint_url, region=args.region,
+                         profile=args.profile, replace=args.replace)
     if args.create_bucket:
         rem.create_bucket()
     print(f"remote {args.name!r}: {rem.url}" + (f" at {rem.endpoint_url}" if rem.endpoint_url else ""))
@@ -44,19 +59,15 @@ def cmd_remote_add(args: argparse.Namespace) -> int:
 
 def cmd_remote_rm(args: argparse.Namespace) -> int:
     """``casstore remote rm NAME``: forget a remote."""
-    from .remote import remove_remote
-
-    remove_remote(_store(args, create=False), args.name)
+    _Remotes().remove(open_from_args(args, create=False), args.name)
     return 0
 
 
 def cmd_remote_ls(args: argparse.Namespace) -> int:
     """``casstore remote ls [NAME]``: configured remotes, or one remote's pins and heads."""
-    from .remote import get_remote, load_remotes
-
-    store = _store(args, create=False)
+    store = open_from_args(args, create=False)
     if not args.name:
-        remotes = load_remotes(store)
+        remotes = _Remotes().load(store)
         if args.json:
             print(json.dumps(remotes, indent=2))
         for name, cfg in remotes.items():
@@ -64,7 +75,7 @@ def cmd_remote_ls(args: argparse.Namespace) -> int:
                 extra = f"  (endpoint {cfg['endpoint_url']})" if cfg.get("endpoint_url") else ""
                 print(f"{name}\t{cfg['url']}{extra}")
         return 0
-    rem = get_remote(store, args.name)
+    rem = _remote(store, args.name)
     refs = rem.list_refs()
     doc: dict[str, Any] = {"remote": args.name, "url": rem.url,
                            "pins": {k: str(v) for k, v in refs["pins"].items()},
@@ -83,17 +94,13 @@ def cmd_remote_ls(args: argparse.Namespace) -> int:
         for name, d in refs[kind].items():
             print(f"{kind[:-1]:4}  {d}  {name}")
     if args.objects:
-        from ._progress import human_bytes
-
         print(f"{doc['objects']} object(s), {human_bytes(doc['bytes'])}")
     return 0
 
 
 def cmd_remote_check(args: argparse.Namespace) -> int:
     """``casstore remote check NAME``: probe the server's conditional writes."""
-    from .remote import get_remote
-
-    rem = get_remote(_store(args, create=False), args.name)
+    rem = _remote(open_from_args(args, create=False), args.name)
     rem.check()
     print(f"{rem.describe()}: create-only writes (If-None-Match: *) and compare-and-swap (If-Match) work")
     return 0
@@ -101,8 +108,8 @@ def cmd_remote_check(args: argparse.Namespace) -> int:
 
 def cmd_push(args: argparse.Namespace) -> int:
     """``casstore push NAME [PIN|HEAD...]``."""
-    store = _store(args, create=False)
-    rem = _remote(store, args)
+    store = open_from_args(args, create=False)
+    rem = _remote(store, args.remote, args.workers)
     report = store.push(rem, *args.names, force=args.force)
     _print_report(report, args)
     return 0
@@ -110,9 +117,9 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     """``casstore pull NAME [PIN|HEAD...]``."""
-    store = _store(args)
-    rem = _remote(store, args)
-    merge: Any = True
+    store = open_from_args(args)
+    rem = _remote(store, args.remote, args.workers)
+    merge: Union[bool, str] = True
     if args.no_merge:
         merge = False
     elif args.merge:
@@ -123,6 +130,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def _print_report(report: Any, args: argparse.Namespace) -> None:
+    # Any: TransferReport is not among the package's public names yet.
     if args.json:
         print(json.dumps({"refs": report.refs, "objects": report.objects, "bytes": report.bytes,
                           "present": report.present, "seconds": round(report.seconds, 3)}))
@@ -133,11 +141,11 @@ def _print_report(report: Any, args: argparse.Namespace) -> None:
           f"{report.present} already there; {report.seconds:.1f} s", file=sys.stderr)
 
 
-def register(add: Callable[[str, Callable[[argparse.Namespace], int], str], argparse.ArgumentParser]) -> None:
+def register(add: Add) -> None:
     """Add the remote subcommands to the ``casstore`` parser."""
-    sp = add("remote", lambda a: _usage(sp), "configure remotes on S3-compatible object stores (add, ls, check, rm)")
-    rsub = sp.add_subparsers(dest="remote_command", metavar="ACTION")
-    rp = rsub.add_parser("add", help="record remote NAME at URL (s3://bucket/prefix) in the store's remotes.toml")
+    action = add_actions(add("remote", None, "configure remotes on S3-compatible object stores (add, ls, check, rm)"),
+                         "remote", "remote_command")
+    rp = action("add", cmd_remote_add, "record remote NAME at URL (s3://bucket/prefix) in the store's remotes.toml")
     rp.add_argument("name")
     rp.add_argument("url", help="s3://bucket/prefix")
     rp.add_argument("--endpoint-url", help="server of a non-AWS store, e.g. http://host:8333 (SeaweedFS, MinIO)")
@@ -145,24 +153,20 @@ def register(add: Callable[[str, Callable[[argparse.Namespace], int], str], argp
     rp.add_argument("--profile", help="AWS profile for this remote's credentials")
     rp.add_argument("--replace", action="store_true", help="replace an existing remote of that name")
     rp.add_argument("--create-bucket", action="store_true", help="create the bucket if it does not exist")
-    rp.set_defaults(func=cmd_remote_add)
-    rp = rsub.add_parser("ls", help="list configured remotes, or the pins and heads on remote NAME")
+    rp = action("ls", cmd_remote_ls, "list configured remotes, or the pins and heads on remote NAME")
     rp.add_argument("name", nargs="?")
     rp.add_argument("--objects", action="store_true", help="also count the remote's objects and bytes")
     rp.add_argument("--json", action="store_true")
-    rp.set_defaults(func=cmd_remote_ls)
-    rp = rsub.add_parser("check", help="check that remote NAME's server honours create-only and CAS writes")
+    rp = action("check", cmd_remote_check, "check that remote NAME's server honours create-only and CAS writes")
     rp.add_argument("name")
-    rp.set_defaults(func=cmd_remote_check)
-    rp = rsub.add_parser("rm", help="forget remote NAME (the remote itself is untouched)")
+    rp = action("rm", cmd_remote_rm, "forget remote NAME (the remote itself is untouched)")
     rp.add_argument("name")
-    rp.set_defaults(func=cmd_remote_rm)
 
     sp = add("push", cmd_push, "upload pins/heads (all if none named) and the objects the remote lacks")
     sp.add_argument("remote", metavar="NAME", help="a remote from `casstore remote ls`")
     sp.add_argument("names", nargs="*", metavar="PIN|HEAD")
     sp.add_argument("--force", action="store_true", help="overwrite a diverged remote head (never a pin)")
-    sp.add_argument("--workers", type=int, default=None, help="parallel transfers (default 16)")
+    sp.add_argument("--workers", type=workers_arg, default=None, help="parallel transfers (default 16)")
     sp.add_argument("--json", action="store_true")
     sp = add("pull", cmd_pull, "download pins/heads (all if none named), verifying every object")
     sp.add_argument("remote", metavar="NAME", help="a remote from `casstore remote ls`")
@@ -170,10 +174,5 @@ def register(add: Callable[[str, Callable[[argparse.Namespace], int], str], argp
     g = sp.add_mutually_exclusive_group()
     g.add_argument("--no-merge", action="store_true", help="refuse to merge a diverged head (conflict error)")
     g.add_argument("--merge", choices=["ours", "theirs"], help="merge a diverged head; conflicting keys take this side")
-    sp.add_argument("--workers", type=int, default=None, help="parallel transfers (default 16)")
+    sp.add_argument("--workers", type=workers_arg, default=None, help="parallel transfers (default 16)")
     sp.add_argument("--json", action="store_true")
-
-
-def _usage(p: argparse.ArgumentParser) -> int:
-    p.print_help(sys.stderr)
-    return 2

@@ -1,0 +1,160 @@
+"""The parser and :func:`main`: error lines, exit codes and the ``--debug`` switch.
+
+Exit codes: 0 ok, 1 an error (one line on stderr), 2 bad usage (argparse),
+130 interrupted.  Without ``--debug`` no traceback is ever printed:
+
+* a :class:`~casstore.CasstoreError` prints ``casstore: error: MESSAGE [Kind]``;
+* anything else (an ``OSError`` the store did not type, a bug) prints one line
+  naming the command and the exception, and asks for ``--debug``;
+* Ctrl-C prints ``casstore COMMAND: interrupted`` and exits 130;
+* a reader that went away (``casstore ls | head``) ends the command quietly
+  (exit 0): the consumer chose to stop reading, nothing failed.
+
+``--debug`` re-raises instead, so the traceback shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import sys
+from typing import Optional, Sequence
+
+from .. import __version__
+from ..errors import CasstoreError
+from . import cache, config, maintenance, manifests, objects, pipelines, remote
+from .common import Command, print_help
+
+__all__ = ["main", "build_parser"]
+
+# One module per feature; each defines register(add).  The order is the order in --help.
+_COMMAND_MODULES = (objects, manifests, config, pipelines, remote, maintenance, cache)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``casstore`` argument parser with every command module's subcommands."""
+    p = argparse.ArgumentParser(prog="casstore", description="Content-addressed artifact store.")
+    p.add_argument("--store", metavar="DIR", help="store directory (default: $CASSTORE_DIR or ~/.cache/casstore)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    p.add_argument("--version", action="version", version=f"casstore {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def add(name: str, fn: Optional[Command], help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help)
+        sp.set_defaults(func=fn or (lambda _args: print_help(sp)), command_name=name)
+        return sp
+
+    for module in _COMMAND_MODULES:
+        module.register(add)
+    return p
+
+
+def _say(line: str) -> None:
+    """One line on stderr; a closed stderr is not worth a second error."""
+    if sys.stderr is None:  # started with stderr closed: print(file=None) would write to stdout
+        return
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
+def _stdout_reader_gone() -> bool:
+    """True if stdout is a pipe or socket whose reading end was closed.
+
+    A ``BrokenPipeError`` can also come from a socket the command itself opened
+    (a remote); only a broken stdout is the quiet ``| head`` case.  poll()
+    reports POLLERR on a pipe's write end once no reader is left.
+    """
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, 0)  # POLLERR and POLLHUP are always reported
+        events = poller.poll(0)
+    except (AttributeError, ValueError, OSError):  # no real stdout (in-process capture) or closed
+        return False
+    return any(ev & (select.POLLERR | select.POLLHUP) for _fd, ev in events)
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null: what is still buffered must not fail again at interpreter exit
+    (that prints "Exception ignored ... BrokenPipeError", the traceback we promised not to show)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, ValueError, OSError):
+        pass
+
+
+def _reserve_std_fds() -> None:
+    """Open /dev/null on fds 0-2 where the process started with them closed (``casstore get ... >&-``).
+
+    Otherwise the first files the store opens take those numbers, and whatever
+    then writes to "stdout" writes into them: ``get -o /dev/stdout >&-`` (that
+    is /proc/self/fd/1) truncated the very object it was reading.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd itself, as lower ones are open
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``casstore`` console script; returns the exit code."""
+    _reserve_std_fds()
+    # Until arguments are parsed, --debug is known only from the raw list (an
+    # interrupt can come while the feature modules import).
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    command = ""
+    try:
+        args = build_parser().parse_args(argv)
+        debug = bool(args.debug)
+        command = str(args.command_name)
+        rc: int = args.func(args)
+        # Flush here, inside the handlers: a reader that went away is then a
+        # BrokenPipeError below, not an "Exception ignored" message at exit.
+        # (sys.stdout is None when the script was started with stdout closed.)
+        if sys.stdout is not None:
+            sys.stdout.flush()
+        return rc
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        _say(f"casstore {command}: interrupted" if command else "casstore: interrupted")
+        return 130
+    except BrokenPipeError as e:
+        if _stdout_reader_gone():
+            _silence_stdout()
+            return 0
+        if debug:
+            raise
+        _say(_unexpected(command, e))
+        return 1
+    except CasstoreError as e:
+        if debug:
+            raise
+        _say(f"casstore: error: {_first_line(e)} [{type(e).__name__}]")
+        return 1
+    except Exception as e:
+        if debug:
+            raise
+        _say(_unexpected(command, e))
+        return 1
+
+
+def _unexpected(command: str, e: BaseException) -> str:
+    """The one line for an exception casstore did not type: the command, the exception, and --debug."""
+    return (f"casstore: error: {command or 'casstore'} failed unexpectedly: {_first_line(e)} "
+            f"[{type(e).__name__}]; re-run as `casstore --debug {command or '...'} ...` to see the traceback")

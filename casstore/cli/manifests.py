@@ -1,0 +1,195 @@
+"""Manifest commands: ``manifest show|set|rm``, ``freeze``, ``pin``, ``unpin``, ``pins``, ``diff``,
+``checkout`` and ``log``, all through the :class:`~casstore.Store` facade.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import TYPE_CHECKING, Any, Dict
+
+from .._progress import human_bytes
+from ..digest import Digest
+from ..errors import AmbiguousDigestError, InvalidDigestError, ObjectNotFoundError
+from ..store import Store
+from .common import Add, add_actions, count_arg, jsonable, open_from_args, seconds_arg
+
+if TYPE_CHECKING:
+    from .. import Entry
+
+__all__ = ["register"]
+
+
+def _entry_doc(e: Entry) -> Dict[str, Any]:
+    doc: Dict[str, Any] = {"digest": str(e.digest), "size": e.size}
+    if e.meta:
+        doc["meta"] = jsonable(dict(e.meta))
+    return doc
+
+
+def cmd_manifest_show(args: argparse.Namespace) -> int:
+    """``casstore manifest show TARGET``: a manifest's entries and metadata."""
+    store = open_from_args(args, create=False)
+    man = store.manifest(args.target)
+    if args.json:
+        print(json.dumps({
+            "digest": str(man.digest), "name": man.name, "frozen": man.frozen,
+            "parent": str(man.parent) if man.parent else None, "meta": jsonable(dict(man.meta)),
+            "entries": {k: _entry_doc(man[k]) for k in man},
+        }, indent=2))
+        return 0
+    state = "pin (frozen)" if man.frozen and man.name else ("version" if not man.name else "head")
+    print(f"{man.name or '-'}  {man.digest}  [{state}]  {len(man)} entries")
+    for k, v in man.meta.items():
+        print(f"  meta {k} = {v!r}")
+    for k in man:
+        e = man[k]
+        size = "?" if e.size is None else human_bytes(e.size)
+        print(f"  {e.digest.short()}  {size:>10}  {k}")
+    return 0
+
+
+def _to_digest(store: Store, value: str) -> Digest:
+    """A FILE (put into the store) or a digest / unique prefix."""
+    if os.path.isfile(value):
+        return store.put_path(value)
+    try:
+        return store.resolve(value)
+    except AmbiguousDigestError:
+        raise  # a prefix of several objects: the value was meant as a digest
+    except InvalidDigestError as e:
+        # "malformed digest" would mislead when the value was meant as a file name.
+        raise ObjectNotFoundError(f"{value!r} is neither a file nor a digest or digest prefix") from e
+
+
+def cmd_manifest_set(args: argparse.Namespace) -> int:
+    """``casstore manifest set NAME KEY FILE|DIGEST``."""
+    store = open_from_args(args)
+    d = _to_digest(store, args.value)
+    with store.edit(args.name, timeout=args.timeout) as m:
+        m[args.key] = d
+    assert m.result is not None
+    print(f"{args.name} -> {m.result.digest}  ({args.key} = {d.short()})")
+    return 0
+
+
+def cmd_manifest_rm(args: argparse.Namespace) -> int:
+    """``casstore manifest rm NAME KEY...``."""
+    store = open_from_args(args, create=False)
+    with store.edit(args.name, timeout=args.timeout) as m:
+        for key in args.keys:
+            if key not in m:
+                raise ObjectNotFoundError(f"manifest {args.name!r} has no key {key!r}")
+            del m[key]
+    assert m.result is not None
+    print(f"{args.name} -> {m.result.digest}")
+    return 0
+
+
+def cmd_freeze(args: argparse.Namespace) -> int:
+    """``casstore freeze NAME``: the head becomes a pin."""
+    print(open_from_args(args, create=False).freeze(args.name))
+    return 0
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    """``casstore pin NAME TARGET``."""
+    print(open_from_args(args, create=False).pin(args.name, args.target, force=args.force))
+    return 0
+
+
+def cmd_unpin(args: argparse.Namespace) -> int:
+    """``casstore unpin NAME``."""
+    print(open_from_args(args, create=False).unpin(args.name))
+    return 0
+
+
+def cmd_pins(args: argparse.Namespace) -> int:
+    """``casstore pins [--heads]``."""
+    store = open_from_args(args, create=False)
+    refs = store.heads() if args.heads else store.pins()
+    if args.json:
+        print(json.dumps({k: str(v) for k, v in refs.items()}))
+    else:
+        for k, v in refs.items():
+            print(f"{v}  {k}")
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """``casstore diff A B``: keys added, removed and changed."""
+    store = open_from_args(args, create=False)
+    df = store.diff(args.a, args.b)
+    if args.json:
+        print(json.dumps({
+            "added": {k: _entry_doc(e) for k, e in df.added.items()},
+            "removed": {k: _entry_doc(e) for k, e in df.removed.items()},
+            "changed": {k: [_entry_doc(a), _entry_doc(b)] for k, (a, b) in df.changed.items()},
+        }, indent=2))
+        return 0
+    for k, e in df.added.items():
+        print(f"+ {k}  {e.digest.short()}")
+    for k, e in df.removed.items():
+        print(f"- {k}  {e.digest.short()}")
+    for k, (a, b) in df.changed.items():
+        print(f"~ {k}  {a.digest.short()} -> {b.digest.short()}")
+    return 0
+
+
+def cmd_checkout(args: argparse.Namespace) -> int:
+    """``casstore checkout TARGET DIR``."""
+    store = open_from_args(args, create=False)
+    written = store.checkout(args.target, args.dir, overwrite=args.overwrite)
+    print(f"checked out {len(written)} file(s) into {args.dir}")
+    return 0
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    """``casstore log TARGET``: versions, newest first."""
+    store = open_from_args(args, create=False)
+    for m in store.history(args.target, limit=args.limit):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(store.path(m.digest).stat().st_mtime))
+        print(f"{m.digest}  {when}  {len(m)} entries")
+    return 0
+
+
+def register(add: Add) -> None:
+    """Add the manifest subcommands to the ``casstore`` parser."""
+    action = add_actions(add("manifest", None, "show or change a manifest (show, set, rm)"),
+                         "manifest", "manifest_command")
+    mp = action("show", cmd_manifest_show, "show a manifest by name or digest")
+    mp.add_argument("target", help="head or pin name, or a version digest")
+    mp.add_argument("--json", action="store_true")
+    mp = action("set", cmd_manifest_set, "set KEY of manifest NAME to FILE (stored) or DIGEST")
+    mp.add_argument("name")
+    mp.add_argument("key")
+    mp.add_argument("value", metavar="FILE|DIGEST")
+    mp.add_argument("--timeout", type=seconds_arg, default=600.0, help="lock timeout in seconds")
+    mp = action("rm", cmd_manifest_rm, "remove KEY(s) from manifest NAME")
+    mp.add_argument("name")
+    mp.add_argument("keys", nargs="+")
+    mp.add_argument("--timeout", type=seconds_arg, default=600.0, help="lock timeout in seconds")
+    sp = add("freeze", cmd_freeze, "make head NAME a pin (never changes again)")
+    sp.add_argument("name")
+    sp = add("pin", cmd_pin, "pin TARGET (a name or version digest) as NAME")
+    sp.add_argument("name")
+    sp.add_argument("target")
+    sp.add_argument("--force", action="store_true", help="move an existing pin")
+    sp = add("unpin", cmd_unpin, "remove pin NAME (objects go later, through gc)")
+    sp.add_argument("name")
+    sp = add("pins", cmd_pins, "list pins (or heads with --heads)")
+    sp.add_argument("--heads", action="store_true")
+    sp.add_argument("--json", action="store_true")
+    sp = add("diff", cmd_diff, "keys added, removed and changed from A to B")
+    sp.add_argument("a")
+    sp.add_argument("b")
+    sp.add_argument("--json", action="store_true")
+    sp = add("checkout", cmd_checkout, "write the files of a manifest into DIR (verified)")
+    sp.add_argument("target")
+    sp.add_argument("dir")
+    sp.add_argument("--overwrite", action="store_true")
+    sp = add("log", cmd_log, "versions of a manifest, newest first")
+    sp.add_argument("target")
+    sp.add_argument("-n", "--limit", type=count_arg, default=None)

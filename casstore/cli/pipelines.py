@@ -1,0 +1,27 @@
+"""Pipeline commands: ``fetch`` (download a URL into the store once, across processes)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import Add, open_from_args
+
+__all__ = ["register"]
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    """``casstore fetch URL``: print the digest of the downloaded (or already stored) bytes."""
+    store = open_from_args(args)
+    d = store.fetch(args.url, digest=args.digest, sha256=args.sha256, md5=args.md5, force=args.force or None)
+    print(d)
+    return 0
+
+
+def register(add: Add) -> None:
+    """Add ``casstore fetch`` to the ``casstore`` parser."""
+    sp = add("fetch", cmd_fetch, "download URL into the store once (other processes wait); print its digest")
+    sp.add_argument("url")
+    sp.add_argument("--digest", help="expected blake3 digest")
+    sp.add_argument("--sha256", help="expected sha256 (hex)")
+    sp.add_argument("--md5", help="expected md5 (hex)")
+    sp.add_argument("--force", action="store_true", help="download again even if stored")
