@@ -20,7 +20,7 @@ import pytest
 from _seaweed import BUCKET, check_remote_consistent, free_port, remote_listing
 
 import casstore
-from casstore.remote import add_remote, get_remote, load_remotes, remove_remote
+from casstore.sync import add_remote, get_remote, load_remotes, remove_remote
 
 # Fixtures shared by every remote test module (one SeaweedFS server per session).
 aws_credentials = _seaweed.aws_credentials
@@ -146,9 +146,7 @@ def test_head_history_travels_and_fast_forwards(tmp_path: Path, remote: casstore
     b.push(remote, "h")
     old = a.heads()["h"]
     a.pull(remote, "h")
-    from casstore.refs import write_ref
-
-    write_ref(a.root, "heads", "h", old)  # a's head back to the older version it still has
+    a.refs.write("heads", "h", old)  # a's head back to the older version it still has
     assert a.push(remote, "h").refs == {"heads/h": "remote is ahead (pull to update)"}
 
 
@@ -192,11 +190,11 @@ def test_present_matches_ground_truth(tmp_path: Path, remote: casstore.Remote) -
     ds = [casstore.Digest.of(b) for b in blobs]
     on_remote = set(rng.sample(range(300), 180))
     for i in on_remote:
-        assert remote.put_bytes(ds[i], blobs[i])
+        assert remote.objects.write(ds[i], blobs[i])
     for page in (1000, 7, 1):
         remote.list_page_size = page
         ask = set(rng.sample(range(300), 120)) | {0, 299}
-        got = remote.present([ds[i] for i in ask])
+        got = remote.objects.present([ds[i] for i in ask])
         assert got == {ds[i] for i in ask & on_remote}, page
 
 
@@ -207,22 +205,22 @@ def test_objects_are_create_only(seaweed: Any, remote: casstore.Remote) -> None:
     client = seaweed.client()
     data = b"the real content"
     d = casstore.Digest.of(data)
-    assert remote.put_bytes(d, data) is True
-    assert remote.put_bytes(d, data) is False  # 412: already there, which is success
-    key = remote.object_key(d)
+    assert remote.objects.write(d, data) is True
+    assert remote.objects.write(d, data) is False  # 412: already there, which is success
+    key = remote.objects.key(d)
     client.put_object(Bucket=BUCKET, Key=key, Body=b"tampered")
-    assert remote.put_bytes(d, data) is False  # If-None-Match: the existing key is never overwritten
+    assert remote.objects.write(d, data) is False  # If-None-Match: the existing key is never overwritten
     assert client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == b"tampered"
     # Multipart completion is create-only too.
     big = os.urandom(11 * MiB)
     db = casstore.Digest.of(big)
     import io
 
-    assert remote.upload_stream(db, io.BytesIO(big)) is True
-    keyb = remote.object_key(db)
+    assert remote.objects.upload(db, io.BytesIO(big)) is True
+    keyb = remote.objects.key(db)
     client.put_object(Bucket=BUCKET, Key=keyb, Body=b"short")
     remote.requests.clear()
-    assert remote.upload_stream(db, io.BytesIO(big)) is False
+    assert remote.objects.upload(db, io.BytesIO(big)) is False
     assert remote.requests["CompleteMultipartUpload"] == 1
     assert client.get_object(Bucket=BUCKET, Key=keyb)["Body"].read() == b"short"
 
@@ -237,16 +235,16 @@ def test_server_check_probes_conditional_writes(remote: casstore.Remote, seaweed
 
 def test_ref_compare_and_swap(remote: casstore.Remote) -> None:
     d1, d2, d3 = (casstore.Digest.of(x) for x in (b"1", b"2", b"3"))
-    assert remote.read_ref("heads", "x") is None
-    assert remote.write_ref("heads", "x", d1, etag=None) is True
-    assert remote.write_ref("heads", "x", d2, etag=None) is False  # exists: create-only refused
-    got = remote.read_ref("heads", "x")
-    assert got is not None and got[0] == d1
-    etag1 = got[1]
-    assert remote.write_ref("heads", "x", d2, etag=etag1) is True
-    assert remote.write_ref("heads", "x", d3, etag=etag1) is False  # stale ETag
-    got = remote.read_ref("heads", "x")
-    assert got is not None and got[0] == d2
+    assert remote.refs.read("heads", "x") is None
+    assert remote.refs.compare_and_swap("heads", "x", d1, None) is True
+    assert remote.refs.compare_and_swap("heads", "x", d2, None) is False  # exists: create-only refused
+    got = remote.refs.read("heads", "x")
+    assert got is not None and got.digest == d1
+    ref1 = got
+    assert remote.refs.compare_and_swap("heads", "x", d2, ref1) is True
+    assert remote.refs.compare_and_swap("heads", "x", d3, ref1) is False  # stale ETag
+    got = remote.refs.read("heads", "x")
+    assert got is not None and got.digest == d2
 
 
 def test_pins_on_the_remote_never_move(tmp_path: Path, remote: casstore.Remote) -> None:
@@ -260,8 +258,8 @@ def test_pins_on_the_remote_never_move(tmp_path: Path, remote: casstore.Remote) 
         b.push(remote, "p")
     with pytest.raises(casstore.RemoteConflictError):
         b.push(remote, "p", force=True)  # force is for heads only
-    got = remote.read_ref("pins", "p")
-    assert got is not None and got[0] == pa
+    got = remote.refs.read("pins", "p")
+    assert got is not None and got.digest == pa
     # A head cannot be pushed over a remote pin of the same name.
     fill(b, "p2", 1)
     b.pin("p-other", b.heads()["p2"])
@@ -324,8 +322,8 @@ def test_diverged_heads_conflict_then_merge(tmp_path: Path, remote: casstore.Rem
     with pytest.raises(casstore.RemoteConflictError):
         b.push(remote, "h")
     assert b.push(remote, "h", force=True).refs == {"heads/h": "forced"}
-    got = remote.read_ref("heads", "h")
-    assert got is not None and got[0] == b.heads()["h"]
+    got = remote.refs.read("heads", "h")
+    assert got is not None and got.digest == b.heads()["h"]
 
 
 def test_push_refuses_closure_missing_everywhere(tmp_path: Path, remote: casstore.Remote, seaweed: Any) -> None:
@@ -338,7 +336,7 @@ def test_push_refuses_closure_missing_everywhere(tmp_path: Path, remote: casstor
         a.push(remote, "h")
     assert remote_listing(seaweed.client(), remote.url) == {}
     # Remote-only objects are fine: once the remote has it, the push goes through.
-    remote.put_bytes(ghost, b"never stored anywhere")
+    remote.objects.write(ghost, b"never stored anywhere")
     a.push(remote, "h")
     check_remote_consistent(seaweed.client(), remote.url)
 
@@ -358,7 +356,7 @@ def test_pull_refuses_altered_objects(tmp_path: Path, remote: casstore.Remote, s
     target = {"small": b3(small), "large": b3(large), "version": str(a.heads()["h"])}[which]
     d = casstore.Digest.parse(target)
     client = seaweed.client()
-    key = remote.object_key(d)
+    key = remote.objects.key(d)
     good = client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
     bad = bytearray(good)
     bad[len(bad) // 2] ^= 0x01  # one flipped bit, same length
@@ -491,7 +489,7 @@ def test_server_down_is_a_bounded_backend_error(tmp_path: Path) -> None:
     # The default settings are bounded too (3 attempts with back-off).
     t = time.monotonic()
     with pytest.raises(casstore.BackendError):
-        casstore.Remote("s3://bucket/x", endpoint_url=f"http://127.0.0.1:{port}").read_ref("heads", "h")
+        casstore.Remote("s3://bucket/x", endpoint_url=f"http://127.0.0.1:{port}").refs.read("heads", "h")
     assert time.monotonic() - t < 15
 
 
@@ -510,13 +508,13 @@ def test_wrong_credentials_and_missing_bucket(tmp_path: Path, seaweed: Any, remo
     unknown = casstore.Remote(remote_url, endpoint_url=seaweed.endpoint, name="team",
                               session=boto3.session.Session(aws_access_key_id="nobody", aws_secret_access_key="x"))
     with pytest.raises(casstore.BackendError, match="remote 'team'.*credentials.*InvalidAccessKeyId"):
-        unknown.read_ref("heads", "h")
+        unknown.refs.read("heads", "h")
     # The right profile works (the wrong one failed above although the environment's keys are right).
-    assert casstore.Remote(remote_url, endpoint_url=seaweed.endpoint, profile="casstore-test").read_ref("heads", "h") \
+    assert casstore.Remote(remote_url, endpoint_url=seaweed.endpoint, profile="casstore-test").refs.read("heads", "h") \
         is None
     nobucket = casstore.Remote("s3://no-such-bucket-here/x", endpoint_url=seaweed.endpoint, name="nb")
     with pytest.raises(casstore.BackendError, match="bucket 'no-such-bucket-here' does not exist"):
         a.push(nobucket, "h")
     with pytest.raises(casstore.BackendError, match="profile"):
-        casstore.Remote(remote_url, endpoint_url=seaweed.endpoint, profile="no-such-profile").read_ref("heads", "h")
+        casstore.Remote(remote_url, endpoint_url=seaweed.endpoint, profile="no-such-profile").refs.read("heads", "h")
     assert b.heads() == {} and tmp_files(b) == []

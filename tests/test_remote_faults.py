@@ -20,7 +20,7 @@ import pytest
 from _seaweed import BUCKET, check_remote_consistent, remote_listing, run_py, start_seaweed
 
 import casstore
-import casstore.remote as R
+import casstore._faults
 
 # Fixtures shared by every remote test module (one SeaweedFS server per session).
 aws_credentials = _seaweed.aws_credentials
@@ -30,17 +30,17 @@ remote_url = _seaweed.remote_url
 
 KILL_AFTER = r"""
 import os, signal, sys
-import casstore, casstore.remote as R
+import casstore, casstore._faults
 root, url, endpoint, op, point, n = sys.argv[1:7]
 store = casstore.open(root)
 rem = casstore.Remote(url, endpoint_url=endpoint, workers=4, progress=False)
 seen = [0]
 def hook(p):
-    if p == point:
+    if p == "remote." + point:
         seen[0] += 1
         if seen[0] >= int(n):
             os.kill(os.getpid(), signal.SIGKILL)
-R._fault_hook = hook
+casstore._faults.hook = hook
 getattr(store, op)(rem, "h")
 print("finished without being killed")
 """
@@ -92,12 +92,12 @@ def test_push_killed_before_refs_and_history_order(tmp_path: Path, remote: casst
     assert ref_keys(seaweed, remote) == []
     # A version on the remote implies its ancestors are there too (uploaded oldest first).
     versions = [m.digest for m in a.history("h")]
-    present = [v for v in versions if remote.object_key(v) in there]
+    present = [v for v in versions if remote.objects.key(v) in there]
     assert 0 < len(present) < len(versions)
     for v in present:
-        doc = msgpack.unpackb(client.get_object(Bucket=BUCKET, Key=remote.object_key(v))["Body"].read())
+        doc = msgpack.unpackb(client.get_object(Bucket=BUCKET, Key=remote.objects.key(v))["Body"].read())
         if doc["parent"] is not None:
-            assert remote.object_key(casstore.Digest.from_bytes(doc["parent"])) in there
+            assert remote.objects.key(casstore.Digest.from_bytes(doc["parent"])) in there
     kill_after(a, remote, seaweed.endpoint, "push", "before-refs", 1)
     assert len(object_keys(seaweed, remote)) == 21 and ref_keys(seaweed, remote) == []
     remote.requests.clear()
@@ -164,19 +164,19 @@ def test_server_dies_mid_transfer_bounded_backend_error(tmp_path: Path) -> None:
         seen = [0]
 
         def hook(point: str) -> None:
-            if point == "object-downloaded":
+            if point == "remote.object-downloaded":
                 seen[0] += 1
                 if seen[0] == 1:  # the other downloads are queued or in flight
                     srv.proc.send_signal(signal.SIGKILL)
                     srv.proc.wait()
 
-        R._fault_hook = hook
+        casstore._faults.hook = hook
         t = time.monotonic()
         try:
             with pytest.raises(casstore.BackendError, match="remote 'dying'.*unreachable"):
                 b.pull(rem, "h")
         finally:
-            R._fault_hook = None
+            casstore._faults.hook = None
         assert time.monotonic() - t < 30
         assert b.heads() == {} and os.listdir(b.root / "tmp") == []
         for d in b.iter_objects():
@@ -192,5 +192,5 @@ def test_server_dies_mid_transfer_bounded_backend_error(tmp_path: Path) -> None:
 def test_run_py_helper_sees_credentials(seaweed: Any, remote_url: str) -> None:
     """Child processes get the test credentials from the environment (the usual AWS way)."""
     r = run_py("import sys, casstore; r = casstore.Remote(sys.argv[1] if len(sys.argv) > 1 else "
-               f"{remote_url!r}, endpoint_url={seaweed.endpoint!r}); print(r.read_ref('heads', 'none'))")
+               f"{remote_url!r}, endpoint_url={seaweed.endpoint!r}); print(r.refs.read('heads', 'none'))")
     assert r.returncode == 0 and r.stdout.strip() == "None", r.stderr

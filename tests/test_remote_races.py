@@ -35,7 +35,7 @@ remote_url = _seaweed.remote_url
 PUSHER = r"""
 import json, os, sys, time
 from pathlib import Path
-import casstore, casstore.remote as R
+import casstore, casstore._faults
 root, url, endpoint, name, ready, go = sys.argv[1:7]
 store = casstore.open(root)
 rem = casstore.Remote(url, endpoint_url=endpoint, progress=False)
@@ -46,11 +46,11 @@ def wait_go():
             raise SystemExit("no go")
         time.sleep(0.0005)
 def hook(point):
-    if point == "before-ref-cas":
+    if point == "remote.before-ref-cas":
         Path(ready).touch()
         wait_go()
 if ready != "-":
-    R._fault_hook = hook
+    casstore._faults.hook = hook
 else:
     wait_go()
 try:
@@ -118,8 +118,8 @@ def test_two_processes_push_same_head_exactly_one_wins(tmp_path: Path, remote: c
     assert len(winners) == 1, res
     w, loser = winners[0], 1 - winners[0]
     assert "moved there while pushing" in res[loser]["error"] or "created" in res[loser]["error"]
-    got = remote.read_ref("heads", "exp")
-    assert got is not None and got[0] == stores[w].heads()["exp"]
+    got = remote.refs.read("heads", "exp")
+    assert got is not None and got.digest == stores[w].heads()["exp"]
     # The loser pulls (a three-way merge), pushes again, and nothing is lost.
     ls = stores[loser]
     assert ls.pull(remote, "exp").refs["heads/exp"].startswith("merged")
@@ -140,12 +140,12 @@ def test_two_processes_create_same_pin_exactly_one_wins(tmp_path: Path, remote: 
     assert len(winners) == 1, res
     loser = 1 - winners[0]
     assert "pins never move" in res[loser]["error"]
-    got = remote.read_ref("pins", "paper")
-    assert got is not None and got[0] == pins[winners[0]]
+    got = remote.refs.read("pins", "paper")
+    assert got is not None and got.digest == pins[winners[0]]
     with pytest.raises(casstore.RemoteConflictError):
         stores[loser].push(remote, "paper")  # and it never moves later either
-    got = remote.read_ref("pins", "paper")
-    assert got is not None and got[0] == pins[winners[0]]
+    got = remote.refs.read("pins", "paper")
+    assert got is not None and got.digest == pins[winners[0]]
 
 
 def test_free_running_race_four_processes_no_lost_version(tmp_path: Path, remote: casstore.Remote,
@@ -155,8 +155,8 @@ def test_free_running_race_four_processes_no_lost_version(tmp_path: Path, remote
     res = start_pushers([s.root for s in stores], remote.url, seaweed.endpoint, "shared", tmp_path, barrier=False)
     winners = [i for i, r in enumerate(res) if r["ok"]]
     assert len(winners) == 1, res
-    got = remote.read_ref("heads", "shared")
-    assert got is not None and got[0] == stores[winners[0]].heads()["shared"]
+    got = remote.refs.read("heads", "shared")
+    assert got is not None and got.digest == stores[winners[0]].heads()["shared"]
     # Every loser: pull (merge), push; retry on a new conflict.  All work ends up on the remote.
     for i in range(n):
         if i in winners:

@@ -1,2 +1,27 @@
-"""TRANSITIONAL shim (replaced by the sync package)."""
-from ..remote import Remote, TransferReport, fetch_object, pull, push  # noqa: F401
+"""Sharing a store through remotes on S3-compatible object stores: push, pull, merge, remotes config.
+
+The feature's modules:
+
+``remotes``   :class:`Remote` (``remote.objects`` + ``remote.refs`` over one
+              connection) and the store's ``remotes.toml``.
+``transfer``  moving verified objects between a local and a remote object store,
+              the batch publisher of pulls, :class:`TransferReport`.
+``merge``     history walks and the three-way merge of two versions.
+``push``      objects first, refs last by compare-and-swap.
+``pull``      versions decoded (and refused if hostile) before anything is stored,
+              objects verified, refs last; :func:`fetch_object`.
+
+The S3 transport itself is in the layers below: :mod:`casstore.objects.s3`
+and :mod:`casstore.refs.s3`.
+"""
+
+from __future__ import annotations
+
+from .merge import merge_versions
+from .pull import fetch_object, pull
+from .push import push
+from .remotes import Remote, add_remote, get_remote, load_remotes, remove_remote
+from .transfer import TransferReport
+
+__all__ = ["Remote", "TransferReport", "push", "pull", "fetch_object", "merge_versions", "load_remotes",
+           "add_remote", "remove_remote", "get_remote"]

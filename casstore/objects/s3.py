@@ -1,0 +1,828 @@
+"""Objects on an S3-compatible object store (AWS S3, MinIO, Ceph RGW, SeaweedFS, GCS's S3 API).
+
+Two classes, so that objects and refs share one client:
+
+:class:`S3Connection`
+    One bucket on one server: the boto3 session and client (created on first
+    use, thread-safe), the translation of every boto3/botocore failure into a
+    :class:`~casstore.errors.BackendError` that names the remote, the key and
+    what to do, a count of the HTTP requests sent by operation, list
+    pagination, and typed operations (``put``, ``get``, ``head``, ``delete``,
+    ``list``, multipart ``upload``/``download``).  ``casstore.refs.s3`` builds
+    the refs on the same connection.
+:class:`S3Objects`
+    The :class:`~casstore.objects.base.ObjectStore` protocol over a key
+    prefix: ``<prefix>objects/<2 hex>/<62 hex>`` (:func:`casstore._layout.object_key`,
+    the layout local stores use), always the object's *uncompressed* bytes.
+
+Hazards:
+
+* Objects are uploaded **create-only** (``If-None-Match: *``, multipart
+  completions too, by a botocore hook).  A 412 answer means the key exists;
+  as the key is the digest of the content, that is success -- and a key that
+  holds other bytes (tampering) is never silently overwritten by a push.
+  ``409 ConditionalRequestConflict`` (AWS: another conditional write to the
+  key is in flight) is retried with back-off, then treated like a 412.
+* A server may serve anything under a key.  Every verified read hashes what
+  arrived before returning it; bounded reads (:meth:`S3Objects.read_at_most`)
+  never read more than asked for, whatever ``Content-Length`` claims.
+* Listings may hold keys casstore did not write; :func:`casstore._layout.parse_object_key`
+  decides, and anything else is ignored.
+* Every call is bounded by botocore's retries (standard mode, ``max_attempts``)
+  and the connect/read timeouts: an unreachable server gives a BackendError, never a hang.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import threading
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    BinaryIO,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Set,
+    Tuple,
+    TypeVar,
+    Union,
+)
+
+from .._layout import OBJECTS, object_key, parse_object_key
+from ..codecs import RAW
+from ..digest import Digest, hash_bytes, new_hasher
+from ..errors import BackendError, CasstoreError, IntegrityError, InvalidInputError, ObjectNotFoundError
+from .base import Buffer, ObjectInfo, ObjectStore
+
+if TYPE_CHECKING:
+    import boto3.session
+
+__all__ = ["S3Connection", "S3Objects", "S3Body", "is_missing", "is_precondition_failed",
+           "is_conditional_conflict", "MiB", "DEFAULT_WORKERS", "Readable"]
+
+MiB = 1 << 20
+DEFAULT_WORKERS = 16
+T = TypeVar("T")
+Readable = Union[BinaryIO, io.RawIOBase]
+"""A binary stream to upload from."""
+
+
+# -- error classification (botocore ClientError responses) ---------------------------------------
+
+
+def _code_status(e: BaseException) -> Tuple[str, Optional[int]]:
+    err = getattr(e, "response", None) or {}
+    code = str(err.get("Error", {}).get("Code", ""))
+    status = err.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code, status if isinstance(status, int) else None
+
+
+def is_missing(e: BaseException) -> bool:
+    """Is this botocore error "no such key" (and not "no such bucket")?"""
+    code, status = _code_status(e)
+    return code in ("NoSuchKey", "404", "NotFound") or (status == 404 and code != "NoSuchBucket")
+
+
+def is_precondition_failed(e: BaseException) -> bool:
+    """Is this botocore error a failed ``If-Match`` / ``If-None-Match`` (412)?"""
+    code, status = _code_status(e)
+    return code in ("PreconditionFailed", "412") or status == 412
+
+
+def is_conditional_conflict(e: BaseException) -> bool:
+    """AWS answers 409 ConditionalRequestConflict while another conditional write to the key is in flight."""
+    code, status = _code_status(e)
+    return code == "ConditionalRequestConflict" or status == 409
+
+
+_CREDENTIAL_CODES = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken",
+                               "TokenRefreshRequired", "AuthorizationHeaderMalformed", "InvalidSecurity"})
+
+# boto3 sessions: a new one costs ~50 ms of model loading, and one is not thread-safe.
+_sessions: Dict[Tuple[Optional[str], ...], Any] = {}
+_sessions_lock = threading.RLock()
+_SESSION_ENV = ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_DEFAULT_REGION")
+
+
+def _default_session(profile: Optional[str]) -> Any:
+    """A boto3 session per (profile, AWS environment), reused."""
+    import boto3
+
+    key = (profile, *(os.environ.get(k) for k in _SESSION_ENV))
+    with _sessions_lock:
+        s = _sessions.get(key)
+        if s is None:
+            s = boto3.session.Session(profile_name=profile) if profile else boto3.session.Session()
+            _sessions[key] = s
+        return s
+
+
+def _create_only(params: Dict[str, Any], **kwargs: object) -> None:
+    """botocore hook: every multipart completion of an object is create-only."""
+    params.setdefault("IfNoneMatch", "*")
+
+
+@dataclass(frozen=True, slots=True)
+class S3Body:
+    """What a GET returned: the bytes (``None`` when larger than the limit asked for), size and ETag."""
+
+    data: Optional[bytes]
+    size: int
+    """The size the server announced (``Content-Length``)."""
+    etag: str
+
+
+class S3Connection:
+    """One bucket on an S3-compatible server, shared by the objects and the refs of a remote.
+
+    ``where`` describes the remote in messages.  The other settings are those
+    of :class:`casstore.Remote` (which builds this).
+    """
+
+    def __init__(self, bucket: str, *, where: str, endpoint_url: Optional[str] = None,
+                 region: Optional[str] = None, profile: Optional[str] = None, workers: int = DEFAULT_WORKERS,
+                 multipart_threshold: int = 64 * MiB, multipart_chunksize: int = 16 * MiB, max_attempts: int = 3,
+                 connect_timeout: float = 5.0, read_timeout: float = 60.0,
+                 session: Optional[boto3.session.Session] = None) -> None:
+        if workers < 1:
+            raise InvalidInputError(f"workers must be at least 1, not {workers}")
+        if multipart_chunksize < 5 * MiB:
+            raise InvalidInputError("multipart_chunksize must be at least 5 MiB (the S3 minimum part size)")
+        self.bucket = bucket
+        """The bucket name."""
+        self.where = where
+        """The remote, as messages name it."""
+        self.endpoint_url = endpoint_url
+        """The server (``None``: AWS)."""
+        self.region = region
+        self.profile = profile
+        self.workers = workers
+        """Parallel transfers (network I/O, so more than the CPU count)."""
+        self.multipart_chunksize = multipart_chunksize
+        self.multipart_threshold = max(multipart_threshold, multipart_chunksize)
+        """Objects at least this large go up and down in parts."""
+        self.max_attempts = max(1, max_attempts)
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.requests: Counter[str] = Counter()
+        """HTTP requests sent, by S3 operation name (``"PutObject"``, ``"ListObjectsV2"`` ...)."""
+        self.list_page_size = 1000
+        """Keys per listing page (S3's maximum; smaller only to exercise pagination in tests)."""
+        self._session = session
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+        self._count_lock = threading.Lock()
+
+    # -- messages --
+
+    def s3_url(self, key: str) -> str:
+        """``s3://bucket/key`` (for messages and for other S3 tools)."""
+        return f"s3://{self.bucket}/{key}"
+
+    def translate(self, e: BaseException, action: str, key: str) -> CasstoreError:
+        """A casstore error for a boto3/botocore exception, naming the remote, the key and what to do."""
+        from botocore.exceptions import (
+            ClientError,
+            ConnectionClosedError,
+            ConnectTimeoutError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            PartialCredentialsError,
+            ProfileNotFound,
+            ReadTimeoutError,
+        )
+
+        where = self.where
+        target = self.s3_url(key)
+        if isinstance(e, ClientError):
+            code, status = _code_status(e)
+            msg = str(e.response.get("Error", {}).get("Message", "")) or str(e)
+            if code in _CREDENTIAL_CODES:
+                return BackendError(
+                    f"{where}: the server refused the credentials ({code}) while {action} {target}; "
+                    "check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the remote's profile "
+                    "for this endpoint"
+                )
+            if code == "AccessDenied" or status == 403:
+                return BackendError(
+                    f"{where}: access denied ({code or status}) while {action} {target}; the credentials "
+                    "in use lack permission on this bucket/prefix -- check them and the bucket policy"
+                )
+            if code == "NoSuchBucket":
+                return BackendError(
+                    f"{where}: bucket {self.bucket!r} does not exist; create it (Remote.create_bucket(), "
+                    f"`aws s3 mb s3://{self.bucket}`) or fix the remote's URL"
+                )
+            return BackendError(f"{where}: {action} {target} failed: {code or status} {msg}")
+        if isinstance(e, (NoCredentialsError, PartialCredentialsError)):
+            return BackendError(
+                f"{where}: no AWS credentials found while {action} {target}; set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the remote's profile"
+            )
+        if isinstance(e, ProfileNotFound):
+            return BackendError(f"{where}: {e}; define it in ~/.aws/credentials or ~/.aws/config")
+        if isinstance(e, (EndpointConnectionError, ConnectTimeoutError, ConnectionClosedError, ReadTimeoutError)):
+            return BackendError(
+                f"{where} is unreachable while {action} {target} (gave up after {self.max_attempts} "
+                f"attempts): {e}; check that the server runs and that endpoint_url is right, then run again"
+            )
+        return BackendError(f"{where}: {action} {target} failed: {type(e).__name__}: {e}")
+
+    # -- the client --
+
+    @property
+    def _c(self) -> Any:
+        """The boto3 S3 client (created on first use; thread-safe, shared by the transfer threads)."""
+        if self._client is None:
+            with self._client_lock:
+                if self._client is None:
+                    self._client = self._make_client()
+        return self._client
+
+    def _make_client(self) -> Any:
+        try:
+            import boto3  # noqa: F401 - the 's3' extra; fail here with an install hint
+            from botocore.config import Config
+            from botocore.exceptions import BotoCoreError
+        except ImportError:
+            raise BackendError(
+                f"{self.where}: remotes need boto3; install it with pip install 'casstore[s3]'"
+            ) from None
+        try:
+            session = self._session if self._session is not None else _default_session(self.profile)
+            region = self.region or session.region_name or "us-east-1"
+            settings: Dict[str, Any] = dict(
+                region_name=region,
+                retries={"total_max_attempts": self.max_attempts, "mode": "standard"},
+                connect_timeout=self.connect_timeout,
+                read_timeout=self.read_timeout,
+                max_pool_connections=self.workers * 2 + 8,
+                signature_version="s3v4",
+                s3={"addressing_style": "path" if self.endpoint_url else "auto"},
+                # Checksums beyond MD5/SigV4 cost CPU and are not understood by every
+                # S3-compatible server; BLAKE3 verification on pull covers integrity.
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+            )
+            cfg = Config(**settings)
+            with _sessions_lock:  # a boto3 session is not thread-safe
+                client = session.client("s3", endpoint_url=self.endpoint_url, config=cfg)
+        except BotoCoreError as e:
+            raise self.translate(e, "connecting to", "") from None
+        members = client.meta.service_model.operation_model("PutObject").input_shape.members
+        if "IfMatch" not in members or "IfNoneMatch" not in members:
+            raise BackendError(
+                f"{self.where}: this boto3/botocore is too old for conditional writes (If-Match); "
+                "upgrade with pip install -U 'boto3>=1.36'"
+            )
+        client.meta.events.register("before-parameter-build.s3.CompleteMultipartUpload", _create_only)
+        client.meta.events.register("before-send.s3", self._count)
+        return client
+
+    def _count(self, **kwargs: object) -> None:
+        op = str(kwargs.get("event_name", "")).rsplit(".", 1)[-1]
+        with self._count_lock:
+            self.requests[op] += 1
+
+    def call(self, action: str, key: str, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (boto3 calls), translating every boto3/botocore failure (see :meth:`translate`)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return fn()
+        except (BotoCoreError, ClientError) as e:
+            raise self.translate(e, action, key) from None
+
+    def _transfer_config(self) -> Any:
+        """boto3's multipart settings (uploads and ranged downloads)."""
+        from boto3.s3.transfer import TransferConfig
+
+        return TransferConfig(multipart_threshold=self.multipart_threshold,
+                              multipart_chunksize=self.multipart_chunksize,
+                              max_concurrency=min(8, self.workers), use_threads=True)
+
+    # -- typed operations --
+
+    def put(self, key: str, body: bytes, *, create_only: bool = False, if_match: Optional[str] = None,
+            content_type: Optional[str] = None, action: str = "writing") -> Optional[str]:
+        """PUT ``body`` at ``key``; the new ETag, or ``None`` when the condition did not hold.
+
+        ``create_only``: only if the key does not exist (``If-None-Match: *``);
+        ``if_match``: only if the key still has that ETag.  A 409 (a concurrent
+        conditional write in flight) is retried, then counts as a failed condition.
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        params: Dict[str, Any] = {"Bucket": self.bucket, "Key": key, "Body": body}
+        if create_only:
+            params["IfNoneMatch"] = "*"
+        if if_match is not None:
+            params["IfMatch"] = if_match
+        if content_type is not None:
+            params["ContentType"] = content_type
+        conditional = create_only or if_match is not None
+        for attempt in range(self.max_attempts + 2):
+            try:
+                r = self._c.put_object(**params)
+                return str(r["ETag"])
+            except ClientError as e:
+                if conditional and is_precondition_failed(e):
+                    return None
+                if conditional and is_conditional_conflict(e):
+                    if attempt <= self.max_attempts:
+                        time.sleep(0.05 * (attempt + 1))  # the other writer is finishing: ask again
+                        continue
+                    return None
+                if if_match is not None and is_missing(e):  # If-Match on a deleted key: 404 on some servers
+                    return None
+                raise self.translate(e, action, key) from None
+            except BotoCoreError as e:
+                raise self.translate(e, action, key) from None
+        return None  # pragma: no cover
+
+    def get(self, key: str, *, limit: Optional[int] = None, action: str = "reading") -> Optional[S3Body]:
+        """GET ``key``; ``None`` if it does not exist.
+
+        With ``limit``, at most ``limit`` bytes are read: a larger object (as
+        announced, or as it turns out while reading) comes back with ``data=None``.
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            r = self._c.get_object(Bucket=self.bucket, Key=key)
+            body = r["Body"]
+            size = int(r.get("ContentLength", 0))
+            etag = str(r.get("ETag", ""))
+            try:
+                if limit is not None and size > limit:
+                    return S3Body(None, size, etag)
+                # Read at most limit + 1 bytes whatever Content-Length said: one more proves "too large".
+                data: bytes = body.read() if limit is None else body.read(limit + 1)
+                if limit is not None and len(data) > limit:
+                    return S3Body(None, max(size, len(data)), etag)
+                return S3Body(data, size, etag)
+            finally:
+                body.close()
+        except ClientError as e:
+            if is_missing(e):
+                return None
+            raise self.translate(e, action, key) from None
+        except BotoCoreError as e:
+            raise self.translate(e, action, key) from None
+
+    def open(self, key: str, *, action: str = "reading") -> Optional[Tuple[io.RawIOBase, int]]:
+        """A streaming GET of ``key``: ``(body, announced size)``, or ``None`` if it does not exist."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            r = self._c.get_object(Bucket=self.bucket, Key=key)
+        except ClientError as e:
+            if is_missing(e):
+                return None
+            raise self.translate(e, action, key) from None
+        except BotoCoreError as e:
+            raise self.translate(e, action, key) from None
+        return _TranslatedBody(r["Body"], self, action, key), int(r.get("ContentLength", 0))
+
+    def head(self, key: str) -> Optional[Tuple[int, str]]:
+        """``(size, ETag)`` of ``key``, or ``None`` if it does not exist."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            r = self._c.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as e:
+            if is_missing(e):
+                return None
+            raise self.translate(e, "inspecting", key) from None
+        except BotoCoreError as e:
+            raise self.translate(e, "inspecting", key) from None
+        return int(r.get("ContentLength", 0)), str(r.get("ETag", ""))
+
+    def delete(self, key: str, *, if_match: Optional[str] = None) -> bool:
+        """DELETE ``key`` (S3 deletes are idempotent); ``False`` when ``if_match`` did not hold."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        params: Dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        if if_match is not None:
+            params["IfMatch"] = if_match
+        try:
+            self._c.delete_object(**params)
+        except ClientError as e:
+            if if_match is not None and (is_precondition_failed(e) or is_missing(e) or is_conditional_conflict(e)):
+                return False
+            raise self.translate(e, "deleting", key) from None
+        except BotoCoreError as e:
+            raise self.translate(e, "deleting", key) from None
+        return True
+
+    def list_page(self, prefix: str, *, start_after: str = "") -> Tuple[List[Tuple[str, int]], bool]:
+        """One ``ListObjectsV2`` page: ``([(key, size)], truncated)`` in key order."""
+        params: Dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": self.list_page_size}
+        if start_after:
+            params["StartAfter"] = start_after
+        r = self.call("listing", prefix, lambda: self._c.list_objects_v2(**params))
+        return [(str(c["Key"]), int(c.get("Size", 0))) for c in r.get("Contents", ())], bool(r.get("IsTruncated"))
+
+    def list(self, prefix: str, *, start_after: str = "", stop_after: str = "") -> Iterator[Tuple[str, int]]:
+        """``(key, size)`` of every key under ``prefix`` in key order (paginated; stops past ``stop_after``)."""
+        token: Optional[str] = None
+        while True:
+            params: Dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": self.list_page_size}
+            if token:
+                params["ContinuationToken"] = token
+            elif start_after:
+                params["StartAfter"] = start_after
+            r = self.call("listing", prefix, functools.partial(self._c.list_objects_v2, **params))
+            last = ""
+            for c in r.get("Contents", ()):
+                last = str(c["Key"])
+                yield last, int(c.get("Size", 0))
+            if not r.get("IsTruncated") or (stop_after and last >= stop_after):
+                return
+            token = r.get("NextContinuationToken")
+            if not token:
+                return
+
+    def upload(self, key: str, stream: Readable, *, create_only: bool = True) -> bool:
+        """Upload a stream in parts (multipart from ``multipart_threshold``); ``False`` if the key existed.
+
+        Create-only: the completion carries ``If-None-Match: *`` (a botocore hook).
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if not create_only:
+            raise InvalidInputError("multipart uploads are create-only")
+        try:
+            self._c.upload_fileobj(stream, self.bucket, key, Config=self._transfer_config())
+            return True
+        except ClientError as e:
+            if is_precondition_failed(e) or is_conditional_conflict(e):
+                return False  # someone completed the same object first: identical content
+            raise self.translate(e, "uploading", key) from None
+        except BotoCoreError as e:
+            raise self.translate(e, "uploading", key) from None
+
+    def download(self, key: str, f: BinaryIO) -> bool:
+        """Download ``key`` into a seekable binary file in parallel ranged parts; ``False`` if absent."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._c.download_fileobj(self.bucket, key, f, Config=self._transfer_config())
+            return True
+        except ClientError as e:
+            if is_missing(e):
+                return False
+            raise self.translate(e, "downloading", key) from None
+        except BotoCoreError as e:
+            raise self.translate(e, "downloading", key) from None
+
+    def create_bucket(self) -> None:
+        """Create the bucket if it does not exist yet (for test servers and first set-up)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._c.create_bucket(Bucket=self.bucket)
+        except ClientError as e:
+            code, _ = _code_status(e)
+            if code in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                return
+            raise self.translate(e, "creating bucket", "") from None
+        except BotoCoreError as e:
+            raise self.translate(e, "creating bucket", "") from None
+
+    def check(self, prefix: str) -> Dict[str, bool]:
+        """Probe that the server honours conditional writes; raise :class:`BackendError` if not.
+
+        Writes a scratch key under ``<prefix>tmp/``: a create-only PUT must
+        succeed once and then be refused (412), a PUT with a wrong ``If-Match``
+        must be refused, one with the right ETag must succeed.  The key is
+        deleted afterwards.  A server that silently ignored these headers would
+        let a racing push overwrite a ref.
+        """
+        key = f"{prefix}tmp/casstore-check-{uuid.uuid4().hex}"
+        out = {"create_only": False, "compare_and_swap": False}
+        try:
+            etag = self.put(key, os.urandom(16), create_only=True, action="checking conditional writes on")
+            if etag is None:
+                raise BackendError(f"{self.where}: a create-only PUT of a new key {key} was refused")
+            out["create_only"] = self.put(key, os.urandom(16), create_only=True) is None
+            stale = self.put(key, os.urandom(16), if_match='"00000000000000000000000000000000"') is None
+            out["compare_and_swap"] = stale and self.put(key, os.urandom(16), if_match=etag) is not None
+        finally:
+            try:
+                self.delete(key)
+            except CasstoreError:  # best effort: a leftover probe key is harmless
+                pass
+        missing = [k for k, ok in out.items() if not ok]
+        if missing:
+            names = {"create_only": "If-None-Match: * (create-only)", "compare_and_swap": "If-Match (compare-and-swap)"}
+            what = " and ".join(names[k] for k in missing)
+            raise BackendError(
+                f"{self.where}: the server ignores {what} on PutObject, so concurrent pushes could lose "
+                "versions; use a server release that supports conditional writes (see docs/remotes.md)"
+            )
+        return out
+
+    def __repr__(self) -> str:
+        return f"S3Connection({self.bucket!r}, endpoint_url={self.endpoint_url!r})"
+
+
+class _TranslatedBody(io.RawIOBase):
+    """A GET body whose read errors (timeouts, a server gone mid-body) become BackendError."""
+
+    def __init__(self, body: Any, conn: S3Connection, action: str, key: str) -> None:
+        super().__init__()
+        self._body = body
+        self._conn = conn
+        self._action = action
+        self._key = key
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        mv = memoryview(b).cast("B")
+        try:
+            data = self._body.read(len(mv))
+        except Exception as e:  # urllib3/botocore read errors
+            raise self._conn.translate(e, self._action, self._key) from None
+        mv[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._body.close()
+            finally:
+                super().close()
+
+
+class _VerifyingReader(io.RawIOBase):
+    """A stream of one remote object that checks size and digest when its last byte is read.
+
+    Like the local :class:`~casstore.objects.reader.ObjectReader`: the check
+    runs before the final chunk is handed out, and more bytes than announced
+    is an error at once (never buffered).
+    """
+
+    def __init__(self, src: io.RawIOBase, size: int, digest: Digest, what: str, verify: bool) -> None:
+        super().__init__()
+        self._src = src
+        self._size = size
+        self._digest = digest
+        self._what = what
+        self._hasher = new_hasher() if verify else None
+        self._seen = 0
+        self._checked = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        mv = memoryview(b).cast("B")
+        want = min(len(mv), self._size - self._seen + 1)  # one byte past the end proves a lie
+        n = (self._src.readinto(mv[:want]) or 0) if want else 0
+        self._seen += n
+        if self._seen > self._size:
+            raise IntegrityError(f"{self._what} is longer than the {self._size} bytes announced; refused")
+        if self._hasher is not None and not self._checked:
+            self._hasher.update(mv[:n])
+            if self._seen == self._size or n == 0:
+                self._check()
+        return n
+
+    def _check(self) -> None:
+        assert self._hasher is not None
+        self._checked = True
+        got = Digest(self._hasher.hexdigest())
+        if got != self._digest or self._seen != self._size:
+            raise IntegrityError(
+                f"{self._what} is corrupt: its {self._seen} bytes hash to {got}, not {self._digest}. "
+                "Delete that key and push the object again from a good copy"
+            )
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._src.close()
+            finally:
+                super().close()
+
+
+class S3Objects(ObjectStore):
+    """The objects of a remote: raw bytes under ``<prefix>objects/<2 hex>/<62 hex>`` (see the module docstring)."""
+
+    def __init__(self, connection: S3Connection, prefix: str) -> None:
+        self.connection = connection
+        """The bucket and client (shared with the remote's refs)."""
+        self.prefix = prefix
+        """Key prefix (``""`` or ending in ``/``)."""
+
+    # -- capabilities --
+
+    @property
+    def local_paths(self) -> bool:
+        """Remote objects have no local path."""
+        return False
+
+    @property
+    def atomic_publish(self) -> bool:
+        """A PUT is visible whole or not at all."""
+        return True
+
+    @property
+    def supports_delete(self) -> bool:
+        """Keys can be deleted (by whoever holds the permission)."""
+        return True
+
+    # -- keys and messages --
+
+    def key(self, digest: Digest) -> str:
+        """``<prefix>objects/ab/cdef...``: where an object lives on the remote."""
+        return object_key(self.prefix, digest)
+
+    def url(self, digest: Digest) -> str:
+        """``s3://bucket/<prefix>objects/ab/cdef...`` for messages and other S3 tools."""
+        return self.connection.s3_url(self.key(digest))
+
+    def missing_error(self, digest: Digest) -> ObjectNotFoundError:
+        """The error for an object this remote lacks."""
+        return ObjectNotFoundError(
+            f"{self.connection.where} has no object {digest} (key {self.url(digest)}); the remote is "
+            "incomplete -- push it again from a machine that has it"
+        )
+
+    def corrupt_error(self, digest: Digest, got: Digest, n: int) -> IntegrityError:
+        """The error for remote bytes that do not hash to their key."""
+        return IntegrityError(
+            f"{self.connection.where}: object {self.url(digest)} is corrupt: its {n} bytes hash to {got}, "
+            f"not {digest}; it was not stored. Delete that key and push the object again from a good copy"
+        )
+
+    # -- primitives --
+
+    def has(self, digest: Digest) -> bool:
+        """Is the object there?  (One ``HeadObject``; use :meth:`present` for many.)"""
+        return self.connection.head(self.key(digest)) is not None
+
+    def stat(self, digest: Digest) -> ObjectInfo:
+        """Size of a remote object (always stored raw); :class:`ObjectNotFoundError` if absent."""
+        got = self.connection.head(self.key(digest))
+        if got is None:
+            raise self.missing_error(digest)
+        return ObjectInfo(digest, got[0], got[0], RAW.name)
+
+    def open(self, digest: Digest, *, verify: bool = True) -> BinaryIO:
+        """A streaming read; the digest (and size) is checked when the last byte is read."""
+        key = self.key(digest)
+        got = self.connection.open(key, action="downloading object")
+        if got is None:
+            raise self.missing_error(digest)
+        body, size = got
+        raw = _VerifyingReader(body, size, digest, f"{self.connection.where}: object {self.url(digest)}", verify)
+        return io.BufferedReader(raw, buffer_size=1 << 20)
+
+    def read(self, digest: Digest, *, verify: bool = True) -> bytes:
+        """The object's bytes, hashed before they are returned unless ``verify=False``."""
+        data = self.read_at_most(digest, None, verify=verify)
+        assert data is not None
+        return data
+
+    def read_at_most(self, digest: Digest, limit: Optional[int], *, verify: bool = True) -> Optional[bytes]:
+        """The object's bytes if it holds at most ``limit`` bytes, else ``None`` (no more than that is read).
+
+        :class:`ObjectNotFoundError` if absent; :class:`IntegrityError` if the
+        bytes do not hash to ``digest`` (unless ``verify=False``).
+        """
+        got = self.connection.get(self.key(digest), limit=limit, action="downloading object")
+        if got is None:
+            raise self.missing_error(digest)
+        if got.data is None:
+            return None
+        if verify:
+            h = hash_bytes(got.data)
+            if h != digest:
+                raise self.corrupt_error(digest, h, len(got.data))
+        return got.data
+
+    def write(self, digest: Digest, data: Buffer) -> bool:
+        """Upload an object create-only; ``False`` if it was there already (412: same content).
+
+        Bytes that do not hash to ``digest`` raise :class:`IntegrityError` and nothing is sent.
+        """
+        body = bytes(data)
+        got = hash_bytes(body)
+        if got != digest:
+            raise IntegrityError(f"refusing to store bytes hashing to {got} as object {digest} on "
+                                 f"{self.connection.where}")
+        return self.connection.put(self.key(digest), body, create_only=True, action="uploading object") is not None
+
+    def upload(self, digest: Digest, stream: Readable) -> bool:
+        """Upload a large object from a stream, create-only, in parts; ``False`` if it was there.
+
+        The stream is not hashed here: pass a verifying one (a local
+        ``objects.open(d)`` raises before its last part is read if the bytes
+        are wrong, and the upload is then never completed).
+        """
+        return self.connection.upload(self.key(digest), stream)
+
+    def download_to(self, digest: Digest, f: BinaryIO) -> None:
+        """Download an object into a seekable file in parallel ranged parts (unverified: hash the file).
+
+        :class:`ObjectNotFoundError` if absent.
+        """
+        if not self.connection.download(self.key(digest), f):
+            raise self.missing_error(digest)
+
+    def delete(self, digest: Digest) -> bool:
+        """Remove the object; ``False`` if it was not there."""
+        key = self.key(digest)
+        if self.connection.head(key) is None:
+            return False
+        return self.connection.delete(key)
+
+    def iter_info(self) -> Iterator[ObjectInfo]:
+        """Every object on the remote, in digest order, from the listing (keys that are not objects skipped)."""
+        for key, size in self.connection.list(f"{self.prefix}{OBJECTS}/"):
+            d = parse_object_key(self.prefix, key)
+            if d is not None:
+                yield ObjectInfo(d, size, size, RAW.name)
+
+    def iter_digests(self) -> Iterator[Digest]:
+        """Every object's digest, in digest order."""
+        for info in self.iter_info():
+            yield info.digest
+
+    def has_many(self, digests: Iterable[Digest]) -> Set[Digest]:
+        """Which of ``digests`` are there (by listing: see :meth:`present`)."""
+        return self.present(digests)
+
+    def present(self, digests: Iterable[Digest], *, executor: Optional[Executor] = None) -> Set[Digest]:
+        """Which of ``digests`` the remote has, by listing (never one request per object).
+
+        One ``ListObjectsV2`` page over all of ``objects/`` first: on a small
+        remote that is the whole answer.  Otherwise the fan-out prefixes that
+        page did not cover are listed (in parallel on ``executor``), one round
+        trip each (more only for prefixes holding over a page of keys between
+        the smallest and largest digest asked for).
+        """
+        want: Dict[str, Set[str]] = {}
+        for d in digests:
+            want.setdefault(d.hex[:2], set()).add(d.hex[2:])
+        if not want:
+            return set()
+        conn = self.connection
+        base = f"{self.prefix}{OBJECTS}/"
+        found: Set[Digest] = set()
+        first_fan = min(want)
+        page, truncated = conn.list_page(base, start_after=f"{base}{first_fan}/{min(want[first_fan])[:-1]}")
+        last = ""
+        for key, _ in page:
+            last = key
+            listed = parse_object_key(self.prefix, key)
+            if listed is not None:
+                found.add(listed)
+        top_fan = max(want)
+        if truncated and last < f"{base}{top_fan}/{max(want[top_fan])}":
+            last_fan = last[len(base):len(base) + 2]
+            todo = sorted(f for f in want if f > last_fan or (f == last_fan and f"{base}{f}/{max(want[f])}" > last))
+
+            def list_fan(fan: str) -> Set[Digest]:
+                lo, hi = min(want[fan]), max(want[fan])
+                start = f"{base}{fan}/{lo[:-1]}"
+                if fan == last_fan:
+                    start = max(start, last)
+                got: Set[Digest] = set()
+                for key, _ in conn.list(f"{base}{fan}/", start_after=start, stop_after=f"{base}{fan}/{hi}"):
+                    d = parse_object_key(self.prefix, key)
+                    if d is not None:
+                        got.add(d)
+                return got
+
+            if executor is not None and len(todo) > 1:
+                for got in executor.map(list_fan, todo):
+                    found |= got
+            else:
+                for fan in todo:
+                    found |= list_fan(fan)
+        return {d for d in found if d.hex[2:] in want.get(d.hex[:2], ())}
+
+    def __repr__(self) -> str:
+        return f"S3Objects({conn_url(self.connection, self.prefix)!r})"
+
+
+def conn_url(conn: S3Connection, prefix: str) -> str:
+    """``s3://bucket/prefix`` of a connection and key prefix."""
+    return f"s3://{conn.bucket}/{prefix}"

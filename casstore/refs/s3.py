@@ -1,0 +1,128 @@
+"""Refs on an S3-compatible object store: ``<prefix>refs/heads/<name>`` and ``<prefix>refs/pins/<name>``.
+
+A ref key holds one line, ``blake3:<64 hex>\\n`` (the format of local ref
+files).  The token of a ref is its ETag, and refs move by the server's
+conditional writes, checked atomically by the server:
+
+* create: ``PUT`` with ``If-None-Match: *`` -- of any number of racing
+  creators exactly one succeeds;
+* move: ``PUT`` with ``If-Match: <ETag read before>`` -- of any number of
+  writers that read the same ETag exactly one succeeds;
+* remove: ``DELETE`` with ``If-Match``.
+
+Hazards: a ref key may hold anything (a hand edit, another tool): content
+that is not a digest is a :class:`~casstore.errors.StoreFormatError` naming
+the key, never a guess.  Listed keys whose names casstore would refuse
+(``validate_name``) are not refs and are skipped.  ETags of equal content
+are equal (MD5), so a ref moved A -> B -> A between a read and a
+compare-and-swap looks unchanged, as a local ref does: both compare contents.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Optional, Tuple
+
+from .._layout import REFS
+from ..digest import Digest
+from ..errors import CasstoreError, InvalidDigestError, InvalidInputError, StoreFormatError
+from ..objects.s3 import S3Connection
+from .base import KINDS, Ref, RefStore
+from .local import validate_name
+
+__all__ = ["S3Refs"]
+
+_MAX_REF = 256  # a ref is ~72 bytes; read no more than this from a hostile key
+
+
+class S3Refs(RefStore):
+    """Heads and pins of a remote, moved by ``If-Match`` / ``If-None-Match`` (see the module docstring)."""
+
+    def __init__(self, connection: S3Connection, prefix: str) -> None:
+        self.connection = connection
+        """The bucket and client (shared with the remote's objects)."""
+        self.prefix = prefix
+        """Key prefix (``""`` or ending in ``/``)."""
+
+    def key(self, kind: str, name: str) -> str:
+        """``<prefix>refs/heads/<name>`` or ``<prefix>refs/pins/<name>``."""
+        return f"{self.prefix}{REFS}/{_kind(kind)}/{validate_name(name)}"
+
+    def read(self, kind: str, name: str) -> Optional[Ref]:
+        """The ref and its ETag, or ``None``; :class:`StoreFormatError` if the key holds no digest."""
+        key = self.key(kind, name)
+        got = self.connection.get(key, limit=_MAX_REF, action="reading ref")
+        if got is None:
+            return None
+        body = got.data
+        try:
+            if body is None:
+                raise InvalidDigestError("too long")
+            d = Digest.parse(body.decode("ascii").strip())
+        except (UnicodeDecodeError, InvalidDigestError):
+            shown = "more than 256 bytes" if body is None else f"content {body[:80]!r}"
+            raise StoreFormatError(
+                f"{self.connection.where}: ref {self.connection.s3_url(key)} is damaged ({shown}); "
+                "push the name again with force, or delete the key"
+            ) from None
+        return Ref(d, got.etag)
+
+    def compare_and_swap(self, kind: str, name: str, new: Optional[Digest], expected: Optional[Ref]) -> bool:
+        """Set ``name`` to ``new`` (``None`` removes it) only if it is still ``expected``.
+
+        ``expected=None``: only if it does not exist (``If-None-Match: *``);
+        otherwise only if the key still has ``expected.token`` as its ETag
+        (``If-Match``).  ``False`` when another writer won.
+        """
+        key = self.key(kind, name)
+        conn = self.connection
+        if new is None:
+            if expected is None:
+                return conn.head(key) is None  # "remove it if it does not exist": nothing to do
+            return conn.delete(key, if_match=expected.token)
+        body = f"{new}\n".encode()
+        if expected is None:
+            return conn.put(key, body, create_only=True, content_type="text/plain", action="writing ref") is not None
+        return conn.put(key, body, if_match=expected.token, content_type="text/plain",
+                        action="writing ref") is not None
+
+    def delete(self, kind: str, name: str) -> bool:
+        """Remove a ref whatever it names; ``False`` if it did not exist."""
+        key = self.key(kind, name)
+        if self.connection.head(key) is None:
+            return False
+        return self.connection.delete(key)
+
+    def names(self, kind: str) -> List[str]:
+        """Every ref name of a kind, from the listing, sorted (keys that are not valid names skipped)."""
+        base = f"{self.prefix}{REFS}/{_kind(kind)}/"
+        out: List[str] = []
+        for key, _size in self.connection.list(base):
+            try:
+                out.append(validate_name(key[len(base):]))
+            except CasstoreError:
+                continue  # not a ref casstore wrote (another tool's key, or a hostile one)
+        return sorted(out)
+
+    def list(self, kind: str) -> Dict[str, Digest]:
+        """Every ref of a kind, name -> digest, sorted by name (read in parallel)."""
+        names = self.names(kind)
+        if not names:
+            return {}
+        out: Dict[str, Digest] = {}
+        with ThreadPoolExecutor(min(self.connection.workers, len(names)), thread_name_prefix="casstore-refs") as ex:
+            got: List[Tuple[str, Optional[Ref]]] = list(zip(names, ex.map(lambda n: self.read(kind, n), names),
+                                                            strict=True))
+        for name, ref in got:
+            if ref is not None:  # deleted since the listing
+                out[name] = ref.digest
+        return out
+
+    def __repr__(self) -> str:
+        return f"S3Refs('s3://{self.connection.bucket}/{self.prefix}')"
+
+
+def _kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise InvalidInputError(f"ref kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    return kind

@@ -1,0 +1,269 @@
+"""pull and fetch_object: download pins, heads and objects, each verified before it is stored.
+
+Order and checks (docs/remotes.md, docs/security.md):
+
+1. The manifest versions named (a head with its history, for merges) are
+   downloaded, hashed and decoded by THE manifest decoder
+   (:func:`casstore.manifests.model.decode_manifest`, which validates every
+   key and entry) -- all of them before any is stored.  A hostile manifest
+   (a ``../``, absolute, empty, NUL or non-string key, a malformed entry)
+   is a :class:`~casstore.errors.StoreFormatError` and nothing of the pull
+   is stored: no version, no object, no ref.
+2. The entry objects the store lacks, in parallel, each hashed before it is
+   published (:func:`casstore.sync.transfer.download_object`), in batches
+   with one filesystem sync each.  What arrived stays when a later object
+   fails (verified, so a rerun transfers only the rest).
+3. Local refs last, under the name's lock and the GC lock shared (a gc
+   cannot delete the pulled objects between the closure check and the ref).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple, Union
+
+from .._faults import fault
+from .._gclock import commit_lock
+from .._progress import Progress
+from ..digest import Digest
+from ..errors import (
+    BackendError,
+    FrozenError,
+    InvalidInputError,
+    ObjectNotFoundError,
+    RemoteConflictError,
+    StoreFormatError,
+)
+from ..manifests.model import ManifestDoc, decode_manifest, load_manifest
+from ..refs import validate_name
+from .merge import is_ancestor, merge_versions
+from .remotes import Remote, load_remotes, resolve_remote
+from .transfer import Publisher, TransferReport, download_object, run_parallel
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+__all__ = ["pull", "fetch_object", "MAX_MANIFEST_BYTES"]
+
+MAX_MANIFEST_BYTES = 1 << 30
+"""A manifest version larger than this is refused (a 100,000-entry manifest is about 10 MB)."""
+
+
+def _remote_versions(store: Store, rem: Remote, d: Digest, *, history: bool,
+                     into: Dict[Digest, Tuple[bytes, ManifestDoc]]) -> ManifestDoc:
+    """Download and decode version ``d`` (and, with ``history``, its ancestors the remote has) into ``into``.
+
+    Versions already local are read locally (and not added).  Nothing is
+    stored here.  Returns the decoded version ``d``.
+    """
+    objects = store.objects
+    top: Optional[ManifestDoc] = None
+    cur: Optional[Digest] = d
+    first = True
+    while cur is not None:
+        if cur in into:
+            doc = into[cur][1]
+        elif objects.has(cur):
+            if not first or not history:
+                if top is None:
+                    top = load_manifest(objects, cur)
+                break
+            doc = load_manifest(objects, cur)
+        else:
+            try:
+                data = rem.objects.read_at_most(cur, MAX_MANIFEST_BYTES)  # hashed before it is returned
+            except ObjectNotFoundError:
+                if first:
+                    raise
+                break  # older history is not on the remote (collected, or never pushed)
+            if data is None:
+                raise StoreFormatError(
+                    f"{rem.describe()}: manifest version {rem.objects.url(cur)} is larger than "
+                    f"{MAX_MANIFEST_BYTES} bytes; refused (nothing of this pull was stored)"
+                )
+            doc = decode_manifest(data, cur)  # StoreFormatError on any hostile key or entry
+            into[cur] = (data, doc)
+        if top is None:
+            top = doc
+        if not history:
+            break
+        cur = doc.parent
+        first = False
+    assert top is not None
+    return top
+
+
+def _require_closure(store: Store, d: Digest, name: str, rem: Remote) -> None:
+    """The pulled version and its entries must all be here before a ref names them."""
+    doc = load_manifest(store.objects, d)
+    missing = [k for k, e in doc.entries.items() if not store.objects.has(e.digest)]
+    if missing:
+        raise ObjectNotFoundError(
+            f"pull of {name!r} from {rem.describe()}: {len(missing)} object(s) of {d.short()} vanished locally "
+            f"before the ref was written (a gc ran meanwhile?), e.g. {missing[0]!r}; pull again"
+        )
+
+
+def _update_local_ref(store: Store, rem: Remote, kind: str, name: str, d: Digest,
+                      merge: Union[bool, str]) -> str:
+    refs = store.refs
+    where = rem.describe()
+    # The name's lock, then the GC lock shared, as for any commit (docs/maintenance.md).
+    with refs.lock(name, what=f"manifest {name!r}"), commit_lock(store):
+        _require_closure(store, d, name, rem)
+        pin = refs.get("pins", name)
+        head = refs.get("heads", name)
+        if kind == "pins":
+            if pin == d:
+                return "up to date"
+            if pin is not None:
+                raise FrozenError(
+                    f"local pin {name!r} names {pin}, but on {where} it names {d}; pins never move. "
+                    f"Pull nothing, or pin {d} under another name locally (store.pin('other', '{d}'))"
+                )
+            if head is not None and not is_ancestor(store.objects, head, of=d):
+                raise FrozenError(
+                    f"{name!r} was frozen on {where} at {d}, but the local head {head} has changes "
+                    f"that version lacks; save them under another name (store.pin('{name}-local', '{head}')), "
+                    "then pull again"
+                )
+            refs.write("pins", name, d)
+            if head is not None:
+                refs.remove("heads", name)
+            return "created"
+        if pin is not None:
+            raise FrozenError(
+                f"{name!r} is a pin in the store at {store.root} ({pin}) but a head on {where}; "
+                "pins never change -- pull the head under another name"
+            )
+        if head is None:
+            refs.write("heads", name, d)
+            return "created"
+        if head == d:
+            return "up to date"
+        if is_ancestor(store.objects, head, of=d):
+            refs.write("heads", name, d)
+            return "fast-forward"
+        if is_ancestor(store.objects, d, of=head):
+            return "local is ahead (push it)"
+        if merge is False:
+            raise RemoteConflictError(
+                f"local head {name!r} ({head}) and the one on {where} ({d}) have diverged; "
+                "pull with merge=True (or 'ours'/'theirs') to merge them"
+            )
+        merged = merge_versions(store, head, d, prefer=merge if isinstance(merge, str) else None)
+        refs.write("heads", name, merged)
+        return f"merged ({merged.short()})"
+
+
+def _targets(rem: Remote, names: Tuple[str, ...]) -> List[Tuple[str, str, Digest]]:
+    if not names:
+        pins = rem.refs.list("pins")
+        out = [("pins", n, d) for n, d in pins.items()]
+        out += [("heads", n, d) for n, d in rem.refs.list("heads").items() if n not in pins]
+        return out
+    targets: List[Tuple[str, str, Digest]] = []
+    for name in names:
+        name = validate_name(name)
+        kind = "pins"
+        got = rem.refs.read("pins", name)
+        if got is None:
+            got, kind = rem.refs.read("heads", name), "heads"
+        if got is None:
+            raise ObjectNotFoundError(f"{rem.describe()} has no pin or head named {name!r}; "
+                                      f"see `casstore remote ls {rem.name or rem.url}`")
+        targets.append((kind, name, got.digest))
+    return targets
+
+
+def pull(store: Store, remote: Union[Remote, str], *names: str, merge: Union[bool, str] = True) -> TransferReport:
+    """Download pins/heads (all the remote has if no names); see :meth:`Store.pull`.
+
+    ``merge``: ``True`` merges a diverged head three-way (conflicting keys
+    raise :class:`RemoteConflictError`), ``"ours"``/``"theirs"`` settle
+    conflicts for that side, ``False`` refuses to merge (conflict error).
+    """
+    t0 = time.perf_counter()
+    rem = resolve_remote(store, remote)
+    if merge not in (True, False, "ours", "theirs"):
+        raise InvalidInputError(f"merge must be True, False, 'ours' or 'theirs', not {merge!r}")
+    targets = _targets(rem, names)
+    objects = store.objects
+    # 1. Manifest versions (heads with their history, for merges): every one verified and decoded
+    #    before any is stored, so a hostile manifest leaves nothing behind.
+    fetched: Dict[Digest, Tuple[bytes, ManifestDoc]] = {}
+    content: Dict[Digest, Optional[int]] = {}
+    for kind, _name, d in targets:
+        doc = _remote_versions(store, rem, d, history=kind == "heads", into=fetched)
+        for e in doc.entries.values():
+            content[e.digest] = e.size
+    # Oldest first: a local version implies its ancestors are here too (as far as the remote had them).
+    for v in reversed(list(fetched)):
+        objects.put(fetched[v][0], compress=False)
+    versions = set(fetched) | {d for _, _, d in targets}
+    for v in versions:
+        content.pop(v, None)
+    missing = [d for d in content if not objects.has(d)]
+    present = len(content) - len(missing)
+    # 2. Objects, in parallel, each verified before it is published in a batch.
+    n_objects = n_bytes = 0
+    known = sum(s for d in missing if (s := content[d]) is not None)
+    bar = Progress(known, desc=f"pull {rem.name or rem.url}", unit="B", enabled=rem.progress)
+    publisher = Publisher(objects)
+    try:
+        with ThreadPoolExecutor(rem.workers, thread_name_prefix="casstore-pull") as ex:
+            def stored(d: Digest, n: int) -> None:
+                nonlocal n_objects, n_bytes
+                n_objects += 1
+                n_bytes += n
+                bar.update(n)
+                fault("remote.object-downloaded")
+                if publisher.due():
+                    publisher.flush()
+
+            try:
+                # The window bounds the staged files (open fds) waiting for a batch.
+                run_parallel(lambda d: download_object(rem.objects, objects, d, content[d], publisher),
+                             sorted(missing, key=lambda d: -(content[d] or 0)), stored, ex, window=2 * rem.workers)
+            except BaseException:
+                try:
+                    publisher.finish()  # what did arrive (verified) stays, durably
+                except Exception:  # noqa: S110 - the first error is the one to report
+                    pass
+                raise
+            publisher.finish()
+    finally:
+        publisher.discard()
+        bar.close()
+    # 3. Local refs last.
+    fault("remote.before-refs")
+    refs: Dict[str, str] = {}
+    for kind, name, d in targets:
+        refs[f"{kind}/{name}"] = _update_local_ref(store, rem, kind, name, d, merge)
+    return TransferReport(rem.describe(), refs, n_objects, n_bytes, present, time.perf_counter() - t0)
+
+
+def fetch_object(store: Store, digest: Union[Digest, str], *,
+                 remotes: Optional[Iterable[Union[Remote, str]]] = None, verify: bool = True) -> bytes:
+    """``store.get(digest)``; on a local miss, download it (verified) from the first remote that has it.
+
+    ``remotes=None`` tries the store's configured remotes (``remotes.toml``) in name order.
+    """
+    d = Digest.coerce(digest)
+    if store.objects.has(d):
+        return store.objects.read(d, verify=verify)
+    rems = [resolve_remote(store, r) for r in (remotes if remotes is not None else sorted(load_remotes(store)))]
+    errors: List[str] = []
+    for rem in rems:
+        try:
+            download_object(rem.objects, store.objects, d, None)
+        except ObjectNotFoundError:
+            errors.append(f"not on {rem.describe()}")
+            continue
+        except BackendError as e:
+            errors.append(str(e))
+            continue
+        return store.objects.read(d, verify=verify)
+    tried = "; ".join(errors) or "no remotes configured"
+    raise ObjectNotFoundError(f"object {d} is not in the store at {store.root} and no remote has it ({tried})")

@@ -1,0 +1,195 @@
+"""push: upload pins and heads with their closures, objects first, refs last by compare-and-swap.
+
+Order is the consistency argument (docs/remotes.md): every object of a
+closure goes up before the ref that names it, and a head's older versions
+oldest first, so the remote never has a ref to a missing object nor a
+version without its ancestors; a killed push is simply run again, and a
+listing (never one request per object) tells it what is already there.
+Refs move by compare-and-swap on the ETag read at planning time: of two
+machines pushing one head at once exactly one wins, the other gets
+:class:`~casstore.errors.RemoteConflictError` (pull, which merges, then push
+again).  Pins are only ever created.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+from .._faults import fault
+from .._progress import Progress
+from ..digest import Digest
+from ..errors import ObjectNotFoundError, RemoteConflictError
+from ..manifests.model import load_manifest
+from ..refs import validate_name
+from ..refs.base import Ref
+from .merge import is_ancestor, local_chain
+from .remotes import Remote, resolve_remote
+from .transfer import TransferReport, run_parallel, upload_object
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+__all__ = ["push"]
+
+
+@dataclass(frozen=True, slots=True)
+class _RefPlan:
+    kind: str
+    name: str
+    digest: Digest
+    expected: Optional[Ref]
+    """The remote ref as read when planning (the compare-and-swap's token)."""
+    action: str
+    write: bool
+
+
+def _resolve_local(store: Store, names: Sequence[str]) -> List[Tuple[str, str, Digest]]:
+    if not names:
+        pins = store.refs.list("pins")
+        out = [("pins", n, d) for n, d in pins.items()]
+        out += [("heads", n, d) for n, d in store.refs.list("heads").items() if n not in pins]
+        return out
+    res = []
+    for name in names:
+        name = validate_name(name)
+        pin = store.refs.get("pins", name)
+        if pin is not None:
+            res.append(("pins", name, pin))
+            continue
+        head = store.refs.get("heads", name)
+        if head is None:
+            raise ObjectNotFoundError(
+                f"no pin or head named {name!r} in the store at {store.root}; see `casstore pins --heads`"
+            )
+        res.append(("heads", name, head))
+    return res
+
+
+def _plan_ref(store: Store, rem: Remote, kind: str, name: str, d: Digest, force: bool) -> _RefPlan:
+    where = rem.describe()
+    rpin = rem.refs.read("pins", name)
+    if kind == "pins":
+        if rpin is None:
+            return _RefPlan(kind, name, d, None, "created", True)
+        if rpin.digest == d:
+            return _RefPlan(kind, name, d, rpin, "up to date", False)
+        raise RemoteConflictError(
+            f"{where}: pin {name!r} there names {rpin.digest}, not {d}; pins never move -- "
+            "pin this version under another name and push that"
+        )
+    if rpin is not None:
+        raise RemoteConflictError(
+            f"{where}: {name!r} is a pin there ({rpin.digest}), so head {name!r} cannot be pushed; "
+            f"pull the pin (store.pull(remote, {name!r})) or push the head under another name"
+        )
+    rhead = rem.refs.read("heads", name)
+    if rhead is None:
+        return _RefPlan(kind, name, d, None, "created", True)
+    r = rhead.digest
+    if r == d:
+        return _RefPlan(kind, name, d, rhead, "up to date", False)
+    if is_ancestor(store.objects, r, of=d):
+        return _RefPlan(kind, name, d, rhead, "fast-forward", True)
+    if store.objects.has(r) and is_ancestor(store.objects, d, of=r):
+        return _RefPlan(kind, name, d, rhead, "remote is ahead (pull to update)", False)
+    if force:
+        return _RefPlan(kind, name, d, rhead, "forced", True)
+    raise RemoteConflictError(
+        f"{where}: head {name!r} there is at {r}, which is not in the history of your {d}; "
+        f"pull it (store.pull(remote, {name!r}) merges), then push again -- or push with force=True "
+        "to overwrite it"
+    )
+
+
+def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = False) -> TransferReport:
+    """Upload pins/heads (all of them if no names) with their closures; see :meth:`Store.push`."""
+    t0 = time.perf_counter()
+    rem = resolve_remote(store, remote)
+    targets = _resolve_local(store, names)
+    if not targets:
+        return TransferReport(rem.describe(), seconds=time.perf_counter() - t0)
+    objects = store.objects
+    n_objects = n_bytes = 0
+    with ThreadPoolExecutor(rem.workers, thread_name_prefix="casstore-push") as ex:
+        # 1. Which refs can move, and how (early conflict detection; the CAS at the end decides).
+        plans = list(ex.map(lambda t: _plan_ref(store, rem, t[0], t[1], t[2], force), targets))
+        # 2. The closures: version chains (heads carry their history) and entry objects.
+        chains: Dict[Digest, List[Digest]] = {}
+        content: Set[Digest] = set()
+        for p in plans:
+            chain = local_chain(objects, p.digest) if p.kind == "heads" else [p.digest]
+            if not chain or not objects.has(p.digest):
+                raise ObjectNotFoundError(f"manifest version {p.digest} of {p.kind[:-1]} {p.name!r} is "
+                                          f"missing from the store at {store.root}; nothing was pushed")
+            chains[p.digest] = chain
+            content.update(e.digest for e in load_manifest(objects, p.digest).entries.values())
+        versions = {v for c in chains.values() for v in c}
+        content -= versions
+        # 3. What the remote already has: a listing, never one request per object.
+        remote_has = rem.objects.present(content | versions, executor=ex)
+        missing = [d for d in content if d not in remote_has]
+        absent = [d for d in missing if not objects.has(d)]
+        if absent:
+            raise ObjectNotFoundError(
+                f"cannot push: {len(absent)} object(s) of the closure are neither in the store at {store.root} "
+                f"nor on {rem.describe()} (first: {absent[0]}); pull or put them first. Nothing was pushed"
+            )
+        present = len(content) - len(missing) + len(versions & remote_has)
+        sizes = {d: objects.stat(d).size for d in missing}
+        bar = Progress(sum(sizes.values()), desc=f"push {rem.name or rem.url}", unit="B", enabled=rem.progress)
+        try:
+            # 4. Objects first (parallel, create-only) ...
+            def sent(d: Digest, _: None) -> None:
+                nonlocal n_objects, n_bytes
+                n_objects += 1
+                n_bytes += sizes[d]
+                bar.update(sizes[d])
+                fault("remote.object-uploaded")
+
+            run_parallel(lambda d: upload_object(objects, rem.objects, d, sizes[d]),
+                         sorted(missing, key=lambda d: -sizes[d]), sent, ex)
+            # ... then manifest versions, oldest first, so a version on the remote implies its ancestors.
+            done_versions: Set[Digest] = set()
+            for chain in chains.values():
+                for v in reversed(chain):
+                    if v in remote_has or v in done_versions:
+                        continue
+                    size = objects.stat(v).size
+                    upload_object(objects, rem.objects, v, size)
+                    done_versions.add(v)
+                    n_objects += 1
+                    n_bytes += size
+                    bar.update(size)
+                    fault("remote.object-uploaded")
+        finally:
+            bar.close()
+    # 5. Refs last, by compare-and-swap.
+    fault("remote.before-refs")
+    refs: Dict[str, str] = {}
+    for p in plans:
+        label = f"{p.kind}/{p.name}"
+        if not p.write:
+            refs[label] = p.action
+            continue
+        fault("remote.before-ref-cas")
+        if rem.refs.compare_and_swap(p.kind, p.name, p.digest, p.expected):
+            refs[label] = p.action
+            continue
+        now = rem.refs.read(p.kind, p.name)
+        if now is not None and now.digest == p.digest:
+            refs[label] = "up to date"  # someone pushed the same version meanwhile
+            continue
+        if p.kind == "pins":
+            raise RemoteConflictError(
+                f"{rem.describe()}: pin {p.name!r} was created there by someone else meanwhile "
+                f"({now.digest if now else 'gone'}); pins never move -- pull it or pin under another name"
+            )
+        raise RemoteConflictError(
+            f"{rem.describe()}: head {p.name!r} moved there while pushing "
+            f"(now {now.digest if now else 'deleted'}); another push won. "
+            f"Pull it (store.pull(remote, {p.name!r}) merges), then push again"
+        )
+    return TransferReport(rem.describe(), refs, n_objects, n_bytes, present, time.perf_counter() - t0)

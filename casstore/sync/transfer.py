@@ -1,0 +1,319 @@
+"""Moving verified objects between a local object store and a remote one.
+
+``upload_object``: :class:`~casstore.objects.LocalObjects` -> :class:`~casstore.objects.s3.S3Objects`
+(the local bytes are verified on the way; a corrupt local object is never pushed).
+``download_object``: S3Objects -> LocalObjects (the remote bytes are hashed
+before anything is published; a corrupt or oversized remote object leaves
+nothing behind).  ``Publisher`` batches what a pull downloads, ``run_parallel``
+runs the transfers on a thread pool, and :class:`TransferReport` is what a
+push or pull returns.
+
+Hazards:
+
+* A pull publishes only verified bytes: small objects are hashed in memory,
+  large ones after their parallel ranged download into a staging file -- the
+  staged copy is what is hashed and what is renamed into place.
+* A remote may serve more bytes than a manifest records for an object (a
+  disk-filling attack): a read never goes beyond the recorded size (bounded
+  GET, or a size check before a ranged download), and is refused.
+* A durable pull must not pay an fsync per object: verified objects are
+  staged unsynced and published in batches by
+  :meth:`LocalObjects.publish_batch` (one ``syncfs`` before the renames, one
+  after), on a helper thread while downloads go on; at most one batch is in
+  flight, and the download window bounds the staged files (open fds) waiting.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
+from dataclasses import dataclass, field
+from typing import BinaryIO, Callable, Dict, List, Mapping, Optional, Sequence, TypeVar
+
+from .._fs import Beside, run_beside
+from ..codecs import RAW
+from ..digest import Digest, hash_fd
+from ..errors import IntegrityError
+from ..objects.local import LocalObjects, StagedObject
+from ..objects.reader import open_object_file
+from ..objects.s3 import MiB, S3Objects
+
+__all__ = ["TransferReport", "Publisher", "upload_object", "download_object", "run_parallel",
+           "BATCH_OBJECTS", "BATCH_BYTES"]
+
+BATCH_OBJECTS = 256  # staged files per batch (each holds an open fd until published)
+BATCH_BYTES = 256 * MiB
+
+I = TypeVar("I")  # noqa: E741 - an item
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class TransferReport:
+    """What a push or pull did."""
+
+    remote: str
+    """The remote's description."""
+    refs: Mapping[str, str] = field(default_factory=dict)
+    """``"pins/NAME"`` or ``"heads/NAME"`` -> what happened (``"created"``, ``"fast-forward"`` ...)."""
+    objects: int = 0
+    """Objects transferred."""
+    bytes: int = 0
+    """Content bytes transferred."""
+    present: int = 0
+    """Objects of the closures that the other side already had."""
+    seconds: float = 0.0
+    """Wall time."""
+
+    def __str__(self) -> str:
+        mib = self.bytes / MiB
+        refs = ", ".join(f"{k}: {v}" for k, v in self.refs.items()) or "no refs"
+        return (f"{self.remote}: {refs}; {self.objects} object(s), {mib:.1f} MiB transferred, "
+                f"{self.present} already there, {self.seconds:.1f} s")
+
+
+# -- push: local -> remote ----------------------------------------------------------------------
+
+
+class _NoSeek(io.RawIOBase):
+    """A read-only, non-seekable view of a stream.
+
+    boto3 seeks and tells on seekable uploads; a local verifying reader stops
+    verifying when moved, so it is handed over as a plain stream.
+    """
+
+    def __init__(self, f: BinaryIO) -> None:
+        super().__init__()
+        self._f = f
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        mv = memoryview(b).cast("B")
+        data = self._f.read(len(mv))
+        mv[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        try:
+            self._f.close()
+        finally:
+            super().close()
+
+
+def _corrupt_local(src: LocalObjects, d: Digest, got: Optional[Digest] = None) -> IntegrityError:
+    why = f" (hashes to {got})" if got is not None else ""
+    return IntegrityError(
+        f"object {d} in the store at {src.root} is corrupt{why}; not pushed. "
+        "Run `casstore verify --repair` and put the data again"
+    )
+
+
+def upload_object(src: LocalObjects, dst: S3Objects, d: Digest, size: int) -> None:
+    """Upload one local object, verified, as raw bytes (create-only: an object already there is success)."""
+    if size < dst.connection.multipart_threshold:
+        data = src.read(d, verify=False)  # S3Objects.write hashes it: one hash, before anything is sent
+        try:
+            dst.write(d, data)
+        except IntegrityError:
+            raise _corrupt_local(src, d) from None
+        return
+    loc = src.locate(d)
+    if not loc.codec.byte_exact:
+        with _NoSeek(src.open(d)) as f:  # the reader verifies at EOF, before the last part goes up
+            dst.upload(d, f)
+        return
+    fd, st = open_object_file(loc.path, d)
+    with open(fd, "rb") as f:
+        got = hash_fd(fd, st.st_size)
+        if got != d:
+            raise _corrupt_local(src, d, got)
+        dst.upload(d, f)
+
+
+# -- pull: remote -> local ----------------------------------------------------------------------
+
+
+class Publisher:
+    """Publishes a pull's verified, staged objects in batches, on a helper thread.
+
+    Workers :meth:`add` each object once it is verified and written to its
+    staging file (not fsynced).  :meth:`flush` hands what has accumulated to
+    :meth:`LocalObjects.publish_batch` on a helper thread; downloads go on
+    meanwhile, and one batch is in flight at a time.  :meth:`finish`
+    publishes the rest (so every rename is durable before a ref names the
+    objects); :meth:`discard` removes what is still staged.
+    """
+
+    def __init__(self, objects: LocalObjects, *, max_objects: int = BATCH_OBJECTS,
+                 max_bytes: int = BATCH_BYTES) -> None:
+        self.objects = objects
+        """Where the objects are published."""
+        self.max_objects = max_objects
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._staged: List[StagedObject] = []
+        self._bytes = 0
+        self._inflight: Optional[Beside[None]] = None
+
+    def add(self, item: StagedObject, size: int) -> None:
+        """Take a verified, staged object (any thread)."""
+        with self._lock:
+            self._staged.append(item)
+            self._bytes += size
+
+    def due(self) -> bool:
+        """Whether enough has accumulated for a batch."""
+        with self._lock:
+            return len(self._staged) >= self.max_objects or self._bytes >= self.max_bytes
+
+    def _take(self) -> List[StagedObject]:
+        with self._lock:
+            items, self._staged, self._bytes = self._staged, [], 0
+        return items
+
+    def _wait(self) -> None:
+        job, self._inflight = self._inflight, None
+        if job is not None:
+            job.join()  # raises the publisher's error
+
+    def flush(self) -> None:
+        """Start publishing what has accumulated (after the batch in flight is done)."""
+        self._wait()
+        items = self._take()
+        if items:
+            self._inflight = run_beside(lambda: self.objects.publish_batch(items), "casstore-publish")
+
+    def finish(self) -> None:
+        """Publish everything staged (this thread); on error, what is left staged is removed."""
+        try:
+            self._wait()
+            self.objects.publish_batch(self._take())
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        """Remove every staged file not yet published (after waiting for the batch in flight)."""
+        job, self._inflight = self._inflight, None
+        if job is not None:
+            try:
+                job.join()
+            except BaseException:  # noqa: B036 - its staging files are removed by publish_batch; the caller's error wins
+                pass
+        for it in self._take():
+            it.staging.abort()
+
+
+def _too_large(src: S3Objects, d: Digest, recorded: int, size: int) -> IntegrityError:
+    return IntegrityError(
+        f"{src.connection.where}: object {src.url(d)} is larger ({size} bytes or more) than the {recorded} bytes "
+        "its manifest records; it was not downloaded or stored. Delete that key and push the object again "
+        "from a good copy"
+    )
+
+
+def download_object(src: S3Objects, dst: LocalObjects, d: Digest, size_hint: Optional[int],
+                    publisher: Optional[Publisher] = None) -> int:
+    """Download one object, verify it, then publish it (or hand it to ``publisher``); returns its size.
+
+    The bytes are hashed before anything is written under ``objects/``: a
+    corrupt object raises :class:`IntegrityError` and leaves nothing behind,
+    and so does one larger than ``size_hint`` (the size its manifest records),
+    which is never read past that size.  Without ``publisher`` the object is
+    published at once, durably if the store is.
+    """
+    threshold = src.connection.multipart_threshold
+    if size_hint is None or size_hint < threshold:
+        limit = threshold - 1 if size_hint is None else size_hint
+        data = src.read_at_most(d, limit)  # verified; ObjectNotFoundError if absent
+        if data is not None:
+            staged = dst.stage_bytes(d, data, dst.level_for(None))
+            if publisher is not None:
+                publisher.add(staged, len(data))
+            else:
+                try:
+                    dst.publish(staged.staging, d, staged.codec)
+                finally:
+                    staged.staging.abort()  # no-op once published
+            return len(data)
+        if size_hint is not None:
+            raise _too_large(src, d, size_hint, size_hint + 1)
+    else:
+        info = src.stat(d)  # before a ranged download: never fetch more than the manifest records
+        if info.size > size_hint:
+            raise _too_large(src, d, size_hint, info.size)
+    # Large: parallel ranged download into a staging file, then hash the staged bytes.
+    st = dst.stage("pull")
+    try:
+        with io.FileIO(st.fd, "r+b", closefd=False) as f:
+            src.download_to(d, f)
+        size = os.fstat(st.fd).st_size
+        if size_hint is not None and size > size_hint:
+            raise _too_large(src, d, size_hint, size)  # replaced on the server since the size check
+        got = hash_fd(st.fd, size)
+        if got != d:
+            raise src.corrupt_error(d, got, size)
+        if dst.level_for(None) is not None:
+            dst.put_path(st.path)  # compressed as the store's default says (re-hashed, durable)
+            st.abort()
+            return size
+        if publisher is not None:
+            publisher.add(StagedObject(st, d, RAW), size)
+            return size
+        dst.publish(st, d, RAW)
+        return size
+    except BaseException:
+        st.abort()
+        raise
+
+
+# -- running transfers in parallel --------------------------------------------------------------
+
+
+def run_parallel(fn: Callable[[I], R], items: Sequence[I], on_done: Callable[[I, R], None],
+                 executor: ThreadPoolExecutor, *, window: Optional[int] = None) -> None:
+    """Run ``fn`` over ``items`` on the pool; ``on_done(item, result)`` in this thread as each finishes.
+
+    ``window``: at most that many items submitted and not yet handed to
+    ``on_done`` (bounds what finished results hold, e.g. open staging files).
+    The first failure (or an interrupt) cancels what has not started, waits
+    for what has (each worker cleans up after itself) and is raised.  Calls
+    are bounded by the client's retries and timeouts.
+    """
+    if window is None or window >= len(items):
+        futs: Dict[Future[R], I] = {executor.submit(fn, it): it for it in items}
+        try:
+            for f in as_completed(futs):
+                on_done(futs[f], f.result())  # raises the worker's exception
+        except BaseException:
+            for f in futs:
+                f.cancel()
+            wait(list(futs))
+            raise
+        return
+    todo = iter(items)
+    running: Dict[Future[R], I] = {}
+    try:
+        for it in todo:
+            running[executor.submit(fn, it)] = it
+            if len(running) >= window:
+                break
+        while running:
+            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for f in done:
+                it = running.pop(f)
+                on_done(it, f.result())  # raises the worker's exception
+                for nxt in todo:  # the next item, if any
+                    running[executor.submit(fn, nxt)] = nxt
+                    break
+    except BaseException:
+        for f in running:
+            f.cancel()
+        wait(list(running))
+        raise
