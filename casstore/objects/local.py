@@ -41,7 +41,8 @@ from typing import (
     Union,
 )
 
-from .._fs import Staging, copy_exact, disk_full, fsync_dir, makedirs, pwrite_all, run_beside, syncfs
+from .._faults import fault
+from .._fs import Staging, copy_exact, copy_range, disk_full, fsync_dir, makedirs, pwrite_all, run_beside, syncfs
 from .._layout import OBJECTS, is_fanout, object_path, parse_object_name
 from ..codecs import CODECS, RAW, ZSTD, Codec, CompressArg, file_sample_pays, normalize_compress, sample_pays
 from ..digest import Digest, hash_bytes, hash_fd, new_hasher, parse_prefix
@@ -109,6 +110,10 @@ class Located:
 
     path: str
     codec: Codec
+
+
+class _SizeLied(Exception):
+    """A file held a different number of bytes than its ``st_size`` said (caller re-reads it as a stream)."""
 
 
 class StagedObject(NamedTuple):
@@ -404,27 +409,40 @@ class LocalObjects(ObjectStore):
                 raise InvalidTypeError(f"{p} is a directory; put_path stores one regular file")
             os.set_blocking(src, True)
             size = fst.st_size
+            fault("objects.put_path.sized")
             # A regular file whose st_size is 0 may still hold data (procfs, sysfs):
             # stream it to its end instead of trusting the size.
             if not stat_mod.S_ISREG(fst.st_mode) or size == 0:
                 with io.FileIO(src, "rb", closefd=False) as f:
                     return self.put_stream(f, compress=compress)
             level = self.level_for(compress)
-            if level is not None and file_sample_pays(src, size):
-                with io.FileIO(src, "rb", closefd=False) as f:
-                    return self._put_stream_compressed(f, level, size_hint=size)
-            return self._put_fd_raw(src, size)
+            with io.FileIO(src, "rb", closefd=False) as f:
+                if level is not None and file_sample_pays(src, size):
+                    try:
+                        return self._put_stream_compressed(f, level, size_hint=size)
+                    except _SizeLied:
+                        pass
+                else:
+                    d = self._put_fd_raw(src, size)
+                    if d is not None:
+                        return d
+                # st_size lied (sysfs reports 4096 for a few bytes) or the file
+                # shrank while it was read: start again and store exactly what a
+                # read to the end gives.
+                f.seek(0)
+                return self.put_stream(f, compress=compress)
         finally:
             os.close(src)
 
-    def _put_fd_raw(self, src: int, size: int) -> Digest:
+    def _put_fd_raw(self, src: int, size: int) -> Optional[Digest]:
+        """The in-kernel copy; ``None`` when the file held fewer than ``size`` bytes."""
         with self.stage() as st:
-            copy_exact(src, st.fd, size)
-            # A file that grew while it was copied: its size lied.  Store exactly
-            # what was read (the staged copy), which is what gets hashed.
+            if copy_range(src, st.fd, size) != size:
+                return None
+            # A file that grew while it was copied: store exactly what was read
+            # (the staged copy, which is what gets hashed).
             if os.pread(src, 1, size):
-                more = _copy_to_end(src, st.fd, size)
-                size += more
+                size += _copy_to_end(src, st.fd, size)
             fsync = run_beside(lambda: os.fsync(st.fd), "casstore-fsync") if self.durable else None
             try:
                 # fsync (I/O wait) overlaps with hashing (CPU): blake3 drops the GIL.
@@ -476,8 +494,8 @@ class LocalObjects(ObjectStore):
                     chunk = stream.read(CHUNK)
                 if size_hint >= 0 and total != size_hint:
                     # The frame header promised size_hint bytes; a file that changed
-                    # size while read would make a frame that lies.  Start over as a stream.
-                    raise IntegrityError(f"file changed size while being stored ({total} of {size_hint} bytes)")
+                    # size while read would make a frame that lies: the caller starts over.
+                    raise _SizeLied()
                 writer.flush(ZSTD.FLUSH_FRAME)
                 raw.write(ZSTD.trailer(total))
             d = Digest(h.hexdigest())
