@@ -123,3 +123,12 @@ def test_verified_once_memo_notices_a_rewrite(store: casstore.Store) -> None:
         f.write(b"b")  # same size; mtime and ctime change
     with pytest.raises(IntegrityError):
         store.path(d, verify=True)
+
+
+def test_put_path_of_a_fifo_or_device_is_refused_at_once(store: casstore.Store, tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)  # no writer: reading it would block forever
+    for p in (fifo, Path("/dev/zero")):
+        with pytest.raises(casstore.InvalidInputError, match="not a regular file"):
+            store.put_path(p)
+    assert list(store.iter_objects()) == []

@@ -50,9 +50,11 @@ from ..errors import (
     AmbiguousDigestError,
     CompressedObjectError,
     IntegrityError,
+    InvalidInputError,
     InvalidTypeError,
     ObjectNotFoundError,
     ReadOnlyError,
+    StoreFormatError,
 )
 from .base import Buffer, ObjectInfo, ObjectStore
 from .reader import ObjectReader, open_object_file
@@ -410,9 +412,15 @@ class LocalObjects(ObjectStore):
             os.set_blocking(src, True)
             size = fst.st_size
             fault("objects.put_path.sized")
-            # A regular file whose st_size is 0 may still hold data (procfs, sysfs):
-            # stream it to its end instead of trusting the size.
-            if not stat_mod.S_ISREG(fst.st_mode) or size == 0:
+            if not stat_mod.S_ISREG(fst.st_mode):
+                # Hazard: a FIFO with no writer blocks forever, /dev/zero never ends.
+                raise InvalidInputError(
+                    f"{p} is not a regular file (a FIFO, device or socket); put_path stores regular files: "
+                    "read special files with put_stream() (CLI: `casstore put -` reads stdin)"
+                )
+            # A regular file whose st_size is 0 may still hold data (procfs): stream
+            # it to its end instead of trusting the size.
+            if size == 0:
                 with io.FileIO(src, "rb", closefd=False) as f:
                     return self.put_stream(f, compress=compress)
             level = self.level_for(compress)
@@ -691,6 +699,8 @@ class LocalObjects(ObjectStore):
             fans = sorted(os.scandir(objdir), key=lambda e: e.name)
         except FileNotFoundError:
             return files, strays
+        except NotADirectoryError:
+            raise StoreFormatError(f"{objdir} is not a directory: the store is damaged") from None
         for fan in fans:
             if prefix and not fan.name.startswith(prefix[:2]):
                 continue
