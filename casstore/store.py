@@ -21,7 +21,7 @@ from ._layout import CONFIG_FILE, SUBDIRS, TMP
 from .codecs import CompressArg
 from .config import StoreConfig
 from .digest import Digest
-from .errors import ReadOnlyError, StoreFormatError
+from .errors import InvalidInputError, InvalidTypeError, ReadOnlyError, StoreFormatError
 from .objects import LocalObjects, ObjectInfo
 from .objects.base import Buffer
 
@@ -51,7 +51,19 @@ def _load_config(root: Path) -> StoreConfig:
 
 
 def _as_digest(d: DigestLike) -> Digest:
-    return d if isinstance(d, Digest) else Digest.parse(d)
+    return Digest.coerce(d)
+
+
+def _as_path(p: object, what: str = "store path") -> Path:
+    """A user's ``str``/``PathLike`` as an absolute, ``~``-expanded Path; InvalidTypeError otherwise."""
+    if not isinstance(p, (str, os.PathLike)):
+        raise InvalidTypeError(f"a {what} must be a str or os.PathLike, not {type(p).__name__}")
+    raw = os.fspath(p)
+    if not isinstance(raw, str):
+        raise InvalidTypeError(f"a {what} must be text, not {type(raw).__name__}; decode it first")
+    if "\x00" in raw or not raw:
+        raise InvalidInputError(f"invalid {what} {raw!r}: it is empty or contains NUL")
+    return Path(os.path.expanduser(raw)).absolute()
 
 
 class Store:
@@ -65,7 +77,7 @@ class Store:
 
     def __init__(self, root: PathLike, *, create: bool = True, compress: CompressArg = None,
                  durable: Optional[bool] = None, shared: bool = False) -> None:
-        self.root = Path(os.path.expanduser(os.fspath(root))).absolute()
+        self.root = _as_path(root)
         """The store directory."""
         if create and not (self.root / CONFIG_FILE).exists():
             level = codecs.normalize_compress(compress, codecs.DEFAULT_LEVEL)
@@ -465,7 +477,7 @@ def open_store(path: Optional[PathLike] = None, *, create: bool = True, compress
         compress = int(cfg.compression) if cfg.compression.isdigit() else cfg.compression
     if durable is None:
         durable = cfg.durable
-    p = Path(os.path.expanduser(os.fspath(path)))
+    p = _as_path(path)
     if not create and not (p / CONFIG_FILE).exists():
         _load_config(p)  # raises StoreFormatError with the reason
     return Store(p, create=create, compress=compress, durable=durable, shared=shared)
