@@ -389,6 +389,34 @@ class Store:
 
         return pull(self, remote, *names, merge=merge)
 
+    def remotes(self) -> Dict[str, Dict[str, str]]:
+        """The remotes configured in ``<root>/remotes.toml``: name -> settings (url, endpoint_url ...)."""
+        from .sync import load_remotes
+
+        return load_remotes(self)
+
+    def add_remote(self, name: str, url: str, *, endpoint_url: Optional[str] = None, region: Optional[str] = None,
+                   profile: Optional[str] = None, replace: bool = False) -> Remote:
+        """Record remote ``name`` (``s3://bucket/prefix``) in ``remotes.toml``; return it."""
+        from .sync import add_remote
+
+        return add_remote(self, name, url, endpoint_url=endpoint_url, region=region, profile=profile,
+                          replace=replace)
+
+    def remove_remote(self, name: str) -> None:
+        """Forget remote ``name`` (nothing on the remote is touched)."""
+        from .sync import remove_remote
+
+        remove_remote(self, name)
+
+    def remote(self, name: str, *, workers: Optional[int] = None, progress: Optional[bool] = None) -> Remote:
+        """The :class:`~casstore.Remote` configured as ``name`` (``workers``: parallel transfers)."""
+        from .sync import get_remote
+
+        if workers is None:
+            return get_remote(self, name, progress=progress)
+        return get_remote(self, name, workers=workers, progress=progress)
+
     def fetch_object(self, digest: DigestLike, *, remotes: Optional[Iterable[Union[Remote, str]]] = None,
                      verify: bool = True) -> bytes:
         """``get``, but a local miss downloads the object (verified) from the first remote holding it."""

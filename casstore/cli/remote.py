@@ -2,8 +2,8 @@
 
 Remote settings live in ``<store>/remotes.toml``; credentials come the usual AWS
 ways and are never stored.  ``push`` and ``pull`` go through the
-:class:`~casstore.Store` facade; only the ``remotes.toml`` functions come from
-the sync feature itself, through :class:`_Remotes`.
+:class:`~casstore.Store` facade (``store.remotes()``, ``add_remote``,
+``remove_remote``, ``remote``, ``push``, ``pull``).
 """
 
 from __future__ import annotations
@@ -23,33 +23,15 @@ if TYPE_CHECKING:
 __all__ = ["register"]
 
 
-class _Remotes:
-    """The ``remotes.toml`` functions of the sync feature (the facade has none).
-
-    The one place this module imports the feature, so that moving it
-    (``casstore.remote`` -> ``casstore.sync``) changes one line here.
-    """
-
-    def __init__(self) -> None:
-        from ..remote import add_remote, get_remote, load_remotes, remove_remote
-
-        self.add = add_remote
-        self.get = get_remote
-        self.load = load_remotes
-        self.remove = remove_remote
-
-
 def _remote(store: Store, name: str, workers: Optional[int] = None) -> Remote:
     """Remote ``name`` from the store's remotes.toml, with ``workers`` parallel transfers if given."""
-    if workers is None:
-        return _Remotes().get(store, name)
-    return _Remotes().get(store, name, workers=workers)
+    return store.remote(name, workers=workers)
 
 
 def cmd_remote_add(args: argparse.Namespace) -> int:
     """``casstore remote add NAME URL``: record a remote in the store's remotes.toml."""
     store = open_from_args(args)
-    rem = _Remotes().add(store, args.name, args.url, endpoint_url=args.endpoint_url, region=args.region,
+    rem = store.add_remote(args.name, args.url, endpoint_url=args.endpoint_url, region=args.region,
                          profile=args.profile, replace=args.replace)
     if args.create_bucket:
         rem.create_bucket()
@@ -59,7 +41,7 @@ def cmd_remote_add(args: argparse.Namespace) -> int:
 
 def cmd_remote_rm(args: argparse.Namespace) -> int:
     """``casstore remote rm NAME``: forget a remote."""
-    _Remotes().remove(open_from_args(args, create=False), args.name)
+    open_from_args(args, create=False).remove_remote(args.name)
     return 0
 
 
@@ -67,7 +49,7 @@ def cmd_remote_ls(args: argparse.Namespace) -> int:
     """``casstore remote ls [NAME]``: configured remotes, or one remote's pins and heads."""
     store = open_from_args(args, create=False)
     if not args.name:
-        remotes = _Remotes().load(store)
+        remotes = store.remotes()
         if args.json:
             print(json.dumps(remotes, indent=2))
         for name, cfg in remotes.items():
@@ -76,15 +58,15 @@ def cmd_remote_ls(args: argparse.Namespace) -> int:
                 print(f"{name}\t{cfg['url']}{extra}")
         return 0
     rem = _remote(store, args.name)
-    refs = rem.list_refs()
+    refs = {kind: rem.refs.list(kind) for kind in ("pins", "heads")}
     doc: dict[str, Any] = {"remote": args.name, "url": rem.url,
                            "pins": {k: str(v) for k, v in refs["pins"].items()},
                            "heads": {k: str(v) for k, v in refs["heads"].items()}}
     if args.objects:
         n = size = 0
-        for _d, s in rem.iter_objects():
+        for info in rem.objects.iter_info():
             n += 1
-            size += s
+            size += info.stored_size
         doc["objects"] = n
         doc["bytes"] = size
     if args.json:
