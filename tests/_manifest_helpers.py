@@ -21,7 +21,7 @@ import msgpack
 
 import casstore
 from casstore.digest import Digest
-from casstore.refs import ref_path
+from casstore.refs import LocalRefs
 
 SPAWN = mp.get_context("spawn")
 
@@ -30,10 +30,20 @@ def open_store(root: str | Path, **kw: Any) -> casstore.Store:
     return casstore.open(root, **kw)
 
 
+def ref_file(root: str | Path, kind: str, name: str) -> Path:
+    """Where docs/format.md puts a ref: ``<root>/refs/<kind>/<name>``."""
+    return Path(root, "refs", kind, *name.split("/"))
+
+
+def lock_file(root: str | Path, name: str) -> Path:
+    """The lock file of a name (heads and pins alike), as the refs layer names it."""
+    return LocalRefs(Path(root)).lock(name).path
+
+
 def ref_text(root: str | Path, kind: str, name: str) -> Optional[str]:
     """The raw content of a ref file, or None if it does not exist (read without casstore)."""
     try:
-        return ref_path(Path(root), kind, name).read_text("ascii")
+        return ref_file(root, kind, name).read_text("ascii")
     except FileNotFoundError:
         return None
 
@@ -123,7 +133,7 @@ def reader_worker(root: str, name: str, digest: str, stop: Any, q: Any) -> None:
     try:
         store = casstore.open(root)
         d = Digest.parse(digest)
-        ref = ref_path(Path(root), "heads", name)
+        ref = ref_file(root, "heads", name)
         while not ref.exists() and not stop.is_set():  # the writers have not committed yet
             time.sleep(0.001)
         last_len = -1
@@ -153,10 +163,7 @@ def reader_worker(root: str, name: str, digest: str, stop: Any, q: Any) -> None:
 
 def lock_everything_worker(root: str, name: str, ready: Any, release: Any, everything: bool = True) -> None:
     """Hold casstore's lock of ``name`` and (``everything``) an exclusive flock on every file in the store."""
-    from casstore._lock import FileLock
-    from casstore.refs import lock_path
-
-    lk = FileLock(lock_path(Path(root), "names", name), timeout=5)
+    lk = LocalRefs(Path(root)).lock(name, timeout=5)
     lk.acquire()
     fds = []
     for dirpath, _dirs, files in (os.walk(root) if everything else ()):
@@ -194,10 +201,10 @@ def _die(at: str, how: int) -> Any:
 
 def faulty_edit_worker(root: str, name: str, key: str, digest: str, point: str, how: int) -> None:
     """Edit ``name`` (adding ``key``) and send ``how`` (SIGKILL/SIGSTOP) to ourselves at ``point``."""
-    import casstore.manifest
+    import casstore._faults
 
     store = casstore.open(root)
-    casstore.manifest._fault_hook = _die(point, how)
+    casstore._faults.hook = _die(point, how)
     with store.edit(name, timeout=30) as m:
         m[key] = Digest.parse(digest)
     os._exit(3)  # only reached if the hook never fired

@@ -18,12 +18,11 @@ from typing import Dict
 import blake3
 import msgpack
 import pytest
-from _manifest_helpers import canonical_packb, ref_text
+from _manifest_helpers import canonical_packb, lock_file, ref_file, ref_text
 
 import casstore
 from casstore import Digest, Entry, FrozenError, InvalidInputError, ObjectNotFoundError
-from casstore.manifest import MANIFEST_FORMAT, encode_manifest
-from casstore.refs import lock_path, ref_path
+from casstore.manifests import MANIFEST_FORMAT, encode_manifest
 
 
 @pytest.fixture
@@ -154,7 +153,7 @@ def test_same_content_same_digest_in_any_process_and_order(tmp_path: Path) -> No
     assert out[0]["pid"] != out[1]["pid"]
     assert out[0]["digest"] == out[1]["digest"]
 
-    # ... and equal to casstore.manifest.encode_manifest called directly (in yet another order).
+    # ... and equal to casstore.manifests.encode_manifest called directly (in yet another order).
     blobs = {k: k.encode() * 3 for k in ["w", "x", "y", "z"]}
     ds = {k: Digest.of(v) for k, v in blobs.items()}
     entries = {
@@ -279,11 +278,11 @@ def test_refs_move_by_rename_and_lock_files_stay_separate(mstore: casstore.Store
     with mstore.edit("team/exp") as m:
         m["x"] = objs["a"]
     old = mstore.heads()["team/exp"]
-    rp = ref_path(mstore.root, "heads", "team/exp")
+    rp = ref_file(mstore.root, "heads", "team/exp")
     assert rp == mstore.root / "refs" / "heads" / "team" / "exp"
     assert rp.read_bytes() == f"{old}\n".encode()
     assert stat.S_IMODE(rp.stat().st_mode) == 0o444
-    lp = lock_path(mstore.root, "names", "team/exp")
+    lp = lock_file(mstore.root, "team/exp")
     assert lp.is_file() and lp.stat().st_size == 0
     lock_ino = lp.stat().st_ino
     with open(rp, "rb") as before:  # a reader that opened the old ref
@@ -408,7 +407,7 @@ def test_freeze_makes_a_name_permanent_and_is_idempotent(mstore: casstore.Store,
     head = mstore.heads()["exp"]
     assert mstore.freeze("exp") == head
     assert "exp" not in mstore.heads() and mstore.pins() == {"exp": head}
-    pin_file = ref_path(mstore.root, "pins", "exp")
+    pin_file = ref_file(mstore.root, "pins", "exp")
     st0 = pin_file.stat()
     man = mstore.manifest("exp")
     assert man.frozen and man.digest == head and man.name == "exp"
@@ -458,7 +457,7 @@ def test_pin_needs_force_to_move_and_unpin_keeps_objects(mstore: casstore.Store,
 
     assert mstore.unpin("paper") == v2
     assert mstore.pins() == {"snap": v2}
-    assert not ref_path(mstore.root, "pins", "paper").exists()
+    assert not ref_file(mstore.root, "pins", "paper").exists()
     for d in (v1, v2, objs["a"], objs["b"]):
         assert d in mstore and mstore.get(d)  # the objects remain
     assert sorted(mstore.manifest(v2)) == ["x", "y"]

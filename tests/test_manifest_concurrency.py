@@ -20,6 +20,7 @@ from _manifest_helpers import (
     get_report,
     history_chain,
     lock_everything_worker,
+    lock_file,
     reader_worker,
     stop_process,
     timed_read_worker,
@@ -29,7 +30,6 @@ from _manifest_helpers import (
 
 import casstore
 from casstore import Entry, LockTimeout
-from casstore.refs import lock_path
 
 WRITERS = 8
 EDITS = 200
@@ -112,7 +112,7 @@ def test_frozen_reads_take_no_lock_even_when_every_lock_is_held(tmp_path: Path) 
         wait_event(ready, holder, 60)
         locks_before = sorted(str(p) for p in (root / "locks").rglob("*"))
         lock_files = [p for p in (root / "locks").rglob("*.lock")]
-        assert {lock_path(root, "names", "frozen"), lock_path(root, "names", "live")} <= set(lock_files)
+        assert {lock_file(root, "frozen"), lock_file(root, "live")} <= set(lock_files)
         # The locks really are held (otherwise this test would prove nothing).
         for p in lock_files:
             fd = os.open(p, os.O_RDONLY)
@@ -149,10 +149,10 @@ def test_frozen_reads_take_no_lock_even_when_every_lock_is_held(tmp_path: Path) 
                 m["x"] = a
         waited = time.monotonic() - t
         assert 0.5 <= waited < 1.5, waited
-        assert str(lock_path(root, "names", "live")) in str(ei.value)
+        assert str(lock_file(root, "live")) in str(ei.value)
         assert "manifest 'live'" in str(ei.value)
         t = time.monotonic()
-        with pytest.raises(LockTimeout, match=str(lock_path(root, "names", "frozen"))):
+        with pytest.raises(LockTimeout, match=str(lock_file(root, "frozen"))):
             store.freeze("frozen", timeout=0.3)
         assert 0.3 <= time.monotonic() - t < 1.3
         assert store.heads()["live"] == live

@@ -17,6 +17,7 @@ from _manifest_helpers import (
     SPAWN,
     faulty_edit_worker,
     history_chain,
+    lock_file,
     looping_editor_worker,
     proc_state,
     stop_process,
@@ -25,14 +26,13 @@ from _manifest_helpers import (
 
 import casstore
 from casstore import Digest, Entry, LockTimeout
-from casstore.manifest import encode_manifest
-from casstore.refs import lock_path
+from casstore.manifests import encode_manifest
 
 
 def _expected_next(store: casstore.Store, name: str, key: str, d: Digest) -> Digest:
     """Digest of the version an edit adding ``key`` to ``name`` would commit (computed independently)."""
     cur = store.manifest(name)
-    entries = {k: cur.raw_entry(k) for k in cur}
+    entries = {k: cur[k] for k in cur}
     entries[key] = Entry(d, store.stat(d).size)
     return Digest.of(encode_manifest(entries, dict(cur.meta), cur.digest))
 
@@ -44,7 +44,7 @@ def _timed_edit(store: casstore.Store, name: str, key: str, d: Digest, timeout: 
     return time.monotonic() - t
 
 
-@pytest.mark.parametrize("point", ["before-object", "after-object", "after-ref"])
+@pytest.mark.parametrize("point", ["manifest.before_object", "manifest.after_object", "manifest.after_ref"])
 def test_sigkill_at_each_commit_point(tmp_path: Path, point: str) -> None:
     root = tmp_path / "store"
     store = casstore.open(root)
@@ -65,12 +65,12 @@ def test_sigkill_at_each_commit_point(tmp_path: Path, point: str) -> None:
 
     # The name reads as the previous or the new version, never broken.
     man = store.manifest("exp")
-    if point == "after-ref":
+    if point == "manifest.after_ref":
         assert man.digest == new and sorted(man) == ["new", "old"] and man.parent == old
     else:
         assert man.digest == old and sorted(man) == ["old"]
     # The version object is written before the ref moves.
-    assert (new in store) == (point != "before-object")
+    assert (new in store) == (point != "manifest.before_object")
     if new in store:
         assert store.get(new) and store.manifest(new).parent == old
     assert man.meta["run"] == 1
@@ -140,13 +140,13 @@ def test_live_lock_holder_makes_edit_time_out_naming_the_lock(tmp_path: Path) ->
     new = _expected_next(store, "exp", "new", new_obj)
     # The child stops itself in the middle of its commit (version written, ref not moved): alive, lock held.
     child = SPAWN.Process(target=faulty_edit_worker,
-                          args=(str(root), "exp", "new", str(new_obj), "after-object", signal.SIGSTOP))
+                          args=(str(root), "exp", "new", str(new_obj), "manifest.after_object", signal.SIGSTOP))
     child.start()
     try:
         wait_for(lambda: child.exitcode is not None or proc_state(child.pid) == "T", 60, "the child to stop")
         assert child.exitcode is None
         assert new in store and store.heads()["exp"] == old
-        lp = lock_path(root, "names", "exp")
+        lp = lock_file(root, "exp")
         for timeout in (0.3, 1.0):
             t = time.monotonic()
             with pytest.raises(LockTimeout) as ei:

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List
 
 import msgpack
 import pytest
-from _manifest_helpers import raw_manifest_bytes
+from _manifest_helpers import lock_file, raw_manifest_bytes
 
 import casstore
 from casstore import (
@@ -26,7 +26,6 @@ from casstore import (
     ObjectNotFoundError,
     StoreFormatError,
 )
-from casstore.refs import lock_path
 
 
 @pytest.fixture
@@ -193,15 +192,20 @@ def test_checkout_refuses_a_hostile_manifest_object(mstore: casstore.Store, obj:
     # A valid key that sorts (and is encoded) before the hostile one.
     data = raw_manifest_bytes({"-good": [obj.raw, 7], key: [obj.raw, 7]})
     d = mstore.put(data)
-    mstore.pin("hostile", d)
-    man = mstore.manifest("hostile")
-    assert man.frozen and len(man) == 2
+    # THE decoder refuses it wherever it is read: it can never be pinned ...
+    with pytest.raises(StoreFormatError, match="key"):
+        mstore.pin("hostile", d)
+    assert mstore.pins() == {}
+    # ... and a pin planted by hand (as any member of a shared store could) does not help.
+    mstore.refs.write("pins", "hostile", d)
+    with pytest.raises(StoreFormatError):
+        mstore.manifest("hostile")
     out = tmp_path / "work" / "out"
     out.mkdir(parents=True)
     before = _tree(tmp_path)
     with pytest.raises(CasstoreError) as ei:
         mstore.checkout("hostile", out)
-    assert isinstance(ei.value, (InvalidInputError, InvalidTypeError))
+    assert isinstance(ei.value, StoreFormatError)
     assert _tree(tmp_path) == before  # nothing written anywhere, inside the target or outside it
     assert not (tmp_path / "abs-escape").exists() and not (tmp_path / "work" / "escape").exists()
     with pytest.raises(CasstoreError):
@@ -342,11 +346,13 @@ def test_malformed_entries_raise_store_format_error(mstore: casstore.Store, obj:
     use(lambda: mstore.checkout(d, tmp_path / "out"))
     assert not any((tmp_path / "out").rglob("*")) if (tmp_path / "out").exists() else True
     use(lambda: mstore.pin("bad", d))  # pin reads every entry (they must exist), so it refuses them
-    mstore.pin("bad", d, allow_missing=True)  # the document itself is well-formed; entries read lazily
+    use(lambda: mstore.pin("bad", d, allow_missing=True))  # THE decoder checks every entry of every read
+    assert "bad" not in mstore.pins()
+    mstore.refs.write("heads", "bad", d)  # planted by hand: an edit of it is refused before it starts
     with pytest.raises(StoreFormatError):
-        with mstore.edit("bad-copy") as m:
-            m["k"] = mstore.manifest("bad")["k"]
-    assert "bad-copy" not in mstore.heads()
+        with mstore.edit("bad") as m:
+            m["k2"] = obj
+    assert mstore.heads() == {"bad": d}
 
 
 def _flip_byte(path: Path, offset: int) -> None:
@@ -473,7 +479,7 @@ def test_metadata_must_be_msgpackable(mstore: casstore.Store, obj: Digest, value
         with mstore.edit("exp") as m:
             m["k2"] = Entry(obj, meta={"bad": value})
     with pytest.raises(InvalidInputError):
-        Entry(obj, meta={"bad": value})._encode("k")
+        Entry(obj, meta={"bad": value})  # refused where it is introduced
     assert mstore.heads()["exp"] == before
     assert list(mstore.manifest("exp")) == ["k"]
 
@@ -506,7 +512,7 @@ def test_nested_edit_of_the_same_name_times_out_naming_the_lock(mstore: casstore
             with mstore.edit("exp", timeout=0.3):
                 pass
         assert 0.3 <= time.monotonic() - t < 1.5
-        assert str(lock_path(mstore.root, "names", "exp")) in str(ei.value)
+        assert str(lock_file(mstore.root, "exp")) in str(ei.value)
         # Another name is not blocked.
         with mstore.edit("other", timeout=0) as m2:
             m2["k"] = obj

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import copy
 import os
 import posixpath
 import random
+import shutil
 import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -16,8 +18,7 @@ from hypothesis import strategies as st
 
 import casstore
 from casstore import Digest, Entry, InvalidInputError, StoreFormatError
-from casstore.manifest import Manifest, decode_manifest, encode_manifest
-from casstore.refs import validate_key, validate_name
+from casstore.manifests import Manifest, decode_manifest, encode_manifest, validate_key
 
 BLOBS = [b"", b"one", b"two two", b"three " * 50]
 KEYS = ["a", "b/c", "b/d", "z.bin", "ü/x", "deep/er/key"]
@@ -132,7 +133,7 @@ def test_edits_match_a_dict_model(txns: List[Tuple[List[Any], bool]]) -> None:
 
 digests_st = st.binary(min_size=32, max_size=32).map(Digest.from_bytes)
 entries_st = st.dictionaries(
-    st.text(min_size=1, max_size=6),
+    st.text(min_size=1, max_size=6).filter(lambda k: _key_ok_model(k)),  # encode_manifest checks keys too
     st.tuples(digests_st, st.none() | st.integers(0, 2**40),
               st.dictionaries(st.text(max_size=4), meta_values, max_size=3)),
     max_size=6,
@@ -229,13 +230,32 @@ def test_arbitrary_entry_values_only_ever_raise_store_format_error(value: Any) -
 
 
 def _key_ok_model(key: str) -> bool:
-    if not key or len(key) > 4096 or "\x00" in key or "\\" in key or key.startswith("/"):
+    """The key rules of docs/format.md, written independently of casstore's code."""
+    try:
+        n = len(key.encode("utf-8"))  # lone surrogates are not valid Unicode
+    except UnicodeEncodeError:
         return False
-    return all(s not in ("", ".", "..") and len(s.encode("utf-8", "surrogatepass")) <= 255 for s in key.split("/"))
+    if not key or n > 4096 or "\\" in key or key.startswith("/"):
+        return False
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in key):  # NUL and every other control character
+        return False
+    segs = key.split("/")
+    return len(segs) <= 256 and all(s not in ("", ".", "..") and len(s.encode("utf-8")) <= 255 for s in segs)
 
 
-key_st = st.lists(st.sampled_from(["a", "b", ".", "..", "", "/", "\\", "\x00", ":", "é", "x" * 200]),
+key_st = st.lists(st.sampled_from(["a", "b", ".", "..", "", "/", "\\", "\x00", ":", "é", "x" * 200, "\n", "\x1b",
+                                   "\x7f", "\x85", "\udcff", "🙂" * 40, "a/" * 40]),
                   max_size=8).map("".join) | st.text(max_size=20)
+
+_NAMES_STORE: List[casstore.Store] = []
+
+
+def _names_store() -> casstore.Store:
+    if not _NAMES_STORE:
+        root = tempfile.mkdtemp(prefix="casstore-names-")
+        atexit.register(shutil.rmtree, root, True)
+        _NAMES_STORE.append(casstore.open(root, durable=False))
+    return _NAMES_STORE[0]
 
 
 @settings(max_examples=500, deadline=None)
@@ -251,9 +271,14 @@ def test_key_validation_matches_the_model_and_never_escapes(key: str) -> None:
         # Joined to a target directory, an accepted key stays inside it.
         joined = posixpath.normpath(posixpath.join("/target", key))
         assert joined.startswith("/target/") and joined == "/target/" + key
+    # Names follow the same rules, and may not contain ':' (reserved for digests), wherever they are used.
+    if key.startswith("blake3:"):
+        return  # a read target starting with "blake3:" is a digest, not a name
     try:
-        validate_name(key)
+        _names_store().manifest(key)
+        raise AssertionError(f"no manifest can be named {key!r} here")
+    except casstore.ObjectNotFoundError:
         name_ok = True
-    except InvalidInputError:
+    except (InvalidInputError, casstore.InvalidDigestError):
         name_ok = False
     assert name_ok == (ok and ":" not in key)

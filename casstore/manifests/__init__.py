@@ -1,3 +1,70 @@
-"""TRANSITIONAL shim (replaced by the manifests package)."""
-from ..manifest import *  # noqa: F401,F403
-from ..manifest import EditTransaction, checkout, diff, freeze, history, pin, read_manifest, unpin  # noqa: F401
+"""The manifests layer: named, versioned maps from keys to objects; heads, pins, checkout.
+
+* :mod:`casstore.manifests.model`: :class:`Entry`, :class:`ManifestDoc` and THE
+  manifest decoder (:func:`decode_manifest`, :func:`load_manifest`), which
+  validates every key and entry of every version read from anywhere.
+* :mod:`casstore.manifests.ops`: edit transactions, reads, history, freeze,
+  pins, diff (through ``store.objects`` and ``store.refs``).
+* :mod:`casstore.manifests.checkout`: writing a version's files into a
+  directory without ever following a link planted there.
+"""
+
+from __future__ import annotations
+
+from .checkout import checkout
+from .model import (
+    MANIFEST_FORMAT,
+    Entry,
+    EntryMap,
+    ManifestDoc,
+    canonical_map,
+    canonical_meta,
+    decode_manifest,
+    encode_manifest,
+    load_manifest,
+    put_version,
+    read_parent,
+    validate_key,
+)
+from .ops import (
+    Diff,
+    EditTransaction,
+    Manifest,
+    ManifestEditor,
+    diff,
+    freeze,
+    history,
+    pin,
+    read_manifest,
+    remove_ref,
+    resolve_target,
+    unpin,
+)
+
+__all__ = [
+    "MANIFEST_FORMAT",
+    "Entry",
+    "EntryMap",
+    "ManifestDoc",
+    "Manifest",
+    "ManifestEditor",
+    "EditTransaction",
+    "Diff",
+    "canonical_map",
+    "canonical_meta",
+    "decode_manifest",
+    "encode_manifest",
+    "load_manifest",
+    "put_version",
+    "read_parent",
+    "validate_key",
+    "resolve_target",
+    "read_manifest",
+    "history",
+    "freeze",
+    "pin",
+    "unpin",
+    "diff",
+    "remove_ref",
+    "checkout",
+]

@@ -1,0 +1,496 @@
+"""Manifest operations: edit transactions, reads, history, freeze, pins, diff.
+
+Model (docs/manifests.md):
+
+* A manifest *version* is an ordinary object (:mod:`casstore.manifests.model`).
+* A *head* (``refs/heads/<name>``) names the current version of a mutable
+  manifest.  ``store.edit(name)`` is a transaction: it takes the name's lock,
+  writes the new version as an object, then moves the ref by rename.
+* A *pin* (``refs/pins/<name>``) names a frozen version and never moves.
+  ``freeze(name)`` turns a head into a pin.
+
+Invariants kept here (docs/design.md): (2) a version is written as an object
+before the ref moves, and every object it names exists when a ref lands on it;
+(3) refs move only by atomic rename, readers take no lock; (5) a frozen
+manifest or pin never changes.
+
+Lock order: the name's lock (``store.refs.lock(name)``, heads and pins alike)
+FIRST, then the store's GC lock shared (``_gclock.commit_lock``) while objects
+are checked and the ref lands, so gc cannot delete between the check and the
+ref (docs/maintenance.md).  gc takes no name lock, so the two never deadlock.
+
+Every version read goes through :func:`casstore.manifests.model.load_manifest`
+(a verified read and THE decoder): a hostile or damaged version is refused
+with StoreFormatError or IntegrityError before anything uses one of its keys.
+Crash points for tests: ``manifest.before_object``, ``manifest.after_object``
+(the version exists, the ref has not moved), ``manifest.after_ref``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, MutableMapping, Optional, Tuple, Type, Union
+
+from .._faults import fault
+from .._gclock import commit_lock
+from .._lock import DEFAULT_TIMEOUT
+from ..digest import Digest
+from ..errors import FrozenError, InvalidInputError, InvalidTypeError, ObjectNotFoundError
+from ..refs import validate_name
+from .model import Entry, EntryMap, ManifestDoc, canonical_map, load_manifest, put_version, validate_key
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+__all__ = [
+    "Manifest",
+    "ManifestEditor",
+    "EditTransaction",
+    "Diff",
+    "resolve_target",
+    "read_manifest",
+    "history",
+    "freeze",
+    "pin",
+    "unpin",
+    "diff",
+    "remove_ref",
+]
+
+Target = Union[str, Digest]
+
+
+def _name(name: object) -> str:
+    """A head or pin name: a valid key (model rules: no control characters, no lone surrogates...) without ':'."""
+    return validate_name(validate_key(name, "name"))
+
+
+def _timeout(timeout: object) -> Optional[float]:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise InvalidTypeError(f"timeout must be a number of seconds or None, not {type(timeout).__name__}")
+    if not timeout >= 0:  # also NaN
+        raise InvalidInputError(f"timeout must be >= 0 seconds (or None to wait forever), not {timeout!r}")
+    return float(timeout)
+
+
+class Manifest(Mapping[str, Entry]):
+    """An immutable manifest version: ``Mapping[str, Entry]`` plus ``.meta`` and ``.parent``.
+
+    Entries are decoded on access, so opening a 100,000-entry manifest costs
+    little more than unpacking its bytes.
+    """
+
+    __slots__ = ("digest", "doc", "name", "frozen")
+
+    def __init__(self, digest: Digest, doc: ManifestDoc, *, name: Optional[str] = None,
+                 frozen: bool = False) -> None:
+        self.digest = digest
+        """The version's digest (its identity; ``store.get(digest)`` is its bytes)."""
+        self.doc = doc
+        """The decoded version (:class:`~casstore.manifests.model.ManifestDoc`)."""
+        self.name = name
+        """The head or pin it was read through, if any."""
+        self.frozen = frozen
+        """True when read through a pin or by digest (it can never change)."""
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        """Manifest-level metadata (read-only)."""
+        return self.doc.meta
+
+    @property
+    def parent(self) -> Optional[Digest]:
+        """Digest of the previous version, or ``None`` for the first one."""
+        return self.doc.parent
+
+    @property
+    def entries(self) -> EntryMap:
+        """The entries (this manifest is also that mapping)."""
+        return self.doc.entries
+
+    def __getitem__(self, key: str) -> Entry:
+        return self.doc.entries[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.doc.entries)
+
+    def __len__(self) -> int:
+        return len(self.doc.entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.doc.entries
+
+    def __repr__(self) -> str:
+        label = f" {self.name!r}" if self.name else ""
+        return f"<Manifest{label} {self.digest.short()} {len(self)} entries{' frozen' if self.frozen else ''}>"
+
+
+_EMPTY_ENTRIES = EntryMap()
+
+
+class ManifestEditor(MutableMapping[str, Entry]):
+    """The mutable view handed out by ``store.edit(name)``.
+
+    Values may be :class:`~casstore.Digest`, digest strings or
+    :class:`~casstore.Entry`; sizes are filled from the store at commit.
+    Keys are checked when set (:func:`~casstore.manifests.model.validate_key`).
+    ``.meta`` is a plain dict of msgpack-able values, checked at commit.
+    """
+
+    def __init__(self, store: Store, name: str, base: Optional[Manifest], allow_missing: bool) -> None:
+        self._store = store
+        self.name = name
+        """The name being edited."""
+        self.base = base
+        """The version the edit started from (``None`` for a new name)."""
+        self._allow_missing = allow_missing
+        self._base_entries: EntryMap = base.entries if base is not None else _EMPTY_ENTRIES
+        self._changes: Dict[str, Optional[Entry]] = {}  # key -> new entry, or None: deleted
+        # A deep copy (canonical_meta copies): nested values (m.meta["cfg"]["lr"] = 2) must not
+        # alias the base version's, or the change would compare equal to the base and be dropped.
+        self.meta: Dict[str, Any] = canonical_map(base.meta) if base is not None else {}
+        """Manifest-level metadata to commit (a plain, mutable dict)."""
+        self._dirty = False
+        self.result: Optional[Manifest] = base
+        """The committed version after the ``with`` block (or the base if nothing changed)."""
+
+    def __getitem__(self, key: str) -> Entry:
+        if key in self._changes:
+            e = self._changes[key]
+            if e is None:
+                raise KeyError(key)
+            return e
+        return self._base_entries[key]
+
+    def __setitem__(self, key: str, value: Union[Entry, Digest, str]) -> None:
+        validate_key(key)
+        if isinstance(value, (Digest, str)):
+            value = Entry(Digest.parse(value) if isinstance(value, str) else value)
+        elif not isinstance(value, Entry):
+            raise InvalidTypeError(
+                f"manifest values are Digest or Entry, not {type(value).__name__}; "
+                f"use m[{key!r}] = store.put(...)"
+            )
+        self._changes[key] = value
+        self._dirty = True
+
+    def __delitem__(self, key: str) -> None:
+        if key not in self:
+            raise KeyError(key)
+        if key in self._base_entries:
+            self._changes[key] = None
+        else:
+            del self._changes[key]
+        self._dirty = True
+
+    def __iter__(self) -> Iterator[str]:
+        changes = self._changes
+        for k in self._base_entries:
+            if k not in changes or changes[k] is not None:
+                yield k
+        for k, e in changes.items():
+            if e is not None and k not in self._base_entries:
+                yield k
+
+    def __len__(self) -> int:
+        n = len(self._base_entries)
+        for k, e in self._changes.items():
+            n += (e is not None) - (k in self._base_entries)
+        return n
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str) and key in self._changes:
+            return self._changes[key] is not None
+        return key in self._base_entries
+
+    def _completed(self) -> Dict[str, Optional[Entry]]:
+        """The changes with sizes filled in; refuses entries whose objects are missing (unless allowed)."""
+        out: Dict[str, Optional[Entry]] = {}
+        for key, e in self._changes.items():
+            if e is None:
+                out[key] = None
+                continue
+            # allow_missing allows *missing* objects; a local one is still checked against its size.
+            try:
+                info = self._store.objects.stat(e.digest)
+            except ObjectNotFoundError:
+                if self._allow_missing:
+                    out[key] = e
+                    continue
+                raise ObjectNotFoundError(
+                    f"manifest {self.name!r}: entry {key!r} refers to {e.digest}, which is not in the store; "
+                    "put the object first (or edit(..., allow_missing=True) for remote-only objects)"
+                ) from None
+            if e.size is not None and e.size != info.size:
+                raise InvalidInputError(
+                    f"manifest {self.name!r}: entry {key!r} says size {e.size} but object {e.digest} "
+                    f"has {info.size} bytes"
+                )
+            out[key] = e if e.size is not None else Entry(e.digest, info.size, e.meta)
+        return out
+
+    def _check_key_conflicts(self, entries: EntryMap) -> None:
+        """Refuse a key that is also a directory of another key ("a" and "a/b"):
+        such a manifest could never be checked out."""
+        changed = [k for k, e in self._changes.items() if e is not None]
+        if not changed:
+            return
+        ordered = list(entries)  # sorted
+        for key in changed:
+            parts = key.split("/")
+            for i in range(1, len(parts)):
+                prefix = "/".join(parts[:i])
+                if prefix in entries:
+                    raise InvalidInputError(
+                        f"manifest {self.name!r}: key {key!r} needs {prefix!r} to be a directory, "
+                        f"but {prefix!r} is also a key; rename one of them"
+                    )
+            j = bisect.bisect_left(ordered, key + "/")
+            if j < len(ordered) and ordered[j].startswith(key + "/"):
+                raise InvalidInputError(
+                    f"manifest {self.name!r}: key {key!r} is also the directory of {ordered[j]!r}; rename one of them"
+                )
+
+    def _commit(self) -> Optional[Manifest]:
+        meta = canonical_map(self.meta, "manifest metadata")  # bad metadata fails here, before anything is written
+        # Compared encoded: 1 == 1.0 == True in Python, but they are different metadata.
+        if not self._dirty and (self.base is None and not meta or self.base is not None
+                                and _packed_meta(meta) == _packed_meta(self.base.meta)):
+            return self.base
+        self._check_key_conflicts(self._base_entries.with_changes(self._changes))
+        entries = self._base_entries.with_changes(self._completed())
+        parent = self.base.digest if self.base is not None else None
+        doc = ManifestDoc.build(entries, meta, parent)
+        fault("manifest.before_object")
+        digest = put_version(self._store.objects, doc)
+        fault("manifest.after_object")  # the version exists; the ref has not moved yet
+        self._store.refs.write("heads", self.name, digest)
+        fault("manifest.after_ref")
+        return Manifest(digest, doc, name=self.name)
+
+
+def _packed_meta(meta: Mapping[str, Any]) -> bytes:
+    return ManifestDoc.build(_EMPTY_ENTRIES, meta, None).encode()
+
+
+class EditTransaction:
+    """Context manager returned by ``store.edit``: lock, yield an editor, commit or discard."""
+
+    def __init__(self, store: Store, name: str, *, timeout: Optional[float], allow_missing: bool) -> None:
+        self._store = store
+        self._name = _name(name)
+        self._timeout = _timeout(timeout)
+        self._lock = store.refs.lock(self._name, timeout=self._timeout, what=f"manifest {self._name!r}")
+        self._allow_missing = bool(allow_missing)
+        self.editor: Optional[ManifestEditor] = None
+        """The editor, while the transaction is open."""
+
+    def __enter__(self) -> ManifestEditor:
+        self._lock.acquire()
+        try:
+            refs = self._store.refs
+            if refs.get("pins", self._name) is not None:
+                raise FrozenError(
+                    f"{self._name!r} is frozen (a pin) and can never change; "
+                    f"edit a new name, e.g. store.edit({self._name + '-v2'!r})"
+                )
+            head = refs.get("heads", self._name)
+            base = _load(self._store, head, name=self._name) if head is not None else None
+            self.editor = ManifestEditor(self._store, self._name, base, self._allow_missing)
+            return self.editor
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def __exit__(self, et: Optional[Type[BaseException]], ev: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        try:
+            if et is None and self.editor is not None:
+                # Lock order: the name lock (held), then the GC lock shared: gc cannot delete
+                # between our existence checks and the ref landing (docs/maintenance.md).
+                with commit_lock(self._store, timeout=self._timeout):
+                    self.editor.result = self.editor._commit()
+        finally:
+            self._lock.release()
+
+
+# -- store-level operations (exposed as Store methods) -------------------------
+
+
+def _load(store: Store, digest: Digest, *, name: Optional[str] = None, frozen: bool = False) -> Manifest:
+    try:
+        doc = load_manifest(store.objects, digest)
+    except ObjectNotFoundError:
+        where = f" (named {name!r})" if name else ""
+        raise ObjectNotFoundError(
+            f"manifest version {digest}{where} is missing from the store at {store.root}; "
+            "pull it from a remote, or re-point the name"
+        ) from None
+    return Manifest(digest, doc, name=name, frozen=frozen)
+
+
+def _is_digest_ref(target: object) -> bool:
+    return isinstance(target, Digest) or (isinstance(target, str) and target.startswith("blake3:"))
+
+
+def resolve_target(store: Store, target: Target) -> Tuple[Digest, Optional[str], bool]:
+    """Name or digest -> (version digest, name, frozen?).  Pins win over heads.
+
+    A ``"blake3:..."`` string (or a unique prefix of one) is a version digest;
+    anything else is a name.
+    """
+    if isinstance(target, Digest):
+        return target, None, True
+    if not isinstance(target, str):
+        raise InvalidTypeError(f"a manifest is named by a str or a Digest, not {type(target).__name__}")
+    if _is_digest_ref(target):
+        return store.objects.resolve(target), None, True
+    name = _name(target)
+    refs = store.refs
+    pin_d = refs.get("pins", name)
+    if pin_d is not None:
+        return pin_d, name, True
+    head = refs.get("heads", name)
+    if head is not None:
+        return head, name, False
+    # freeze() writes the pin, then removes the head: a reader that looked for the pin
+    # just before a freeze and for the head just after it must find the new pin.
+    pin_d = refs.get("pins", name)
+    if pin_d is not None:
+        return pin_d, name, True
+    raise ObjectNotFoundError(
+        f"no manifest named {name!r} in the store at {store.root}; see `casstore pins` and `casstore log`"
+    )
+
+
+def read_manifest(store: Store, target: Target) -> Manifest:
+    """Lock-free read of a name's current version (pins first), or of a version by digest."""
+    d, name, frozen = resolve_target(store, target)
+    return _load(store, d, name=name, frozen=frozen)
+
+
+def history(store: Store, target: Target, limit: Optional[int] = None) -> List[Manifest]:
+    """Versions newest first, following parent links (as far as they are in the store)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+        raise InvalidTypeError(f"limit must be an int or None, not {type(limit).__name__}")
+    if limit is not None and limit < 0:
+        raise InvalidInputError(f"limit must be >= 0, not {limit}")
+    d: Optional[Digest]
+    d, name, _frozen = resolve_target(store, target)
+    out: List[Manifest] = []
+    seen = set()
+    while d is not None and d not in seen and (limit is None or len(out) < limit):
+        seen.add(d)
+        try:
+            m = _load(store, d, name=name)
+        except ObjectNotFoundError:
+            break  # older versions may have been collected by GC
+        out.append(m)
+        d = m.parent
+    return out
+
+
+def freeze(store: Store, name: str, *, timeout: Optional[float] = DEFAULT_TIMEOUT) -> Digest:
+    """Turn head ``name`` into a pin (idempotent); return the frozen version's digest.
+
+    The version is read (verified and decoded) first: a damaged or hostile
+    version is never frozen.
+    """
+    name = _name(name)
+    timeout = _timeout(timeout)
+    refs = store.refs
+    with refs.lock(name, timeout=timeout, what=f"manifest {name!r}"), commit_lock(store, timeout=timeout):
+        head = refs.get("heads", name)
+        pin_d = refs.get("pins", name)
+        if head is None:
+            if pin_d is not None:
+                return pin_d
+            raise ObjectNotFoundError(f"no manifest named {name!r} to freeze")
+        if pin_d is None:
+            _load(store, head, name=name)
+            # Pin first, then drop the head: a crash in between leaves both,
+            # and readers and editors already treat the pin as authoritative.
+            refs.write("pins", name, head)
+        refs.remove("heads", name)
+        return pin_d if pin_d is not None else head
+
+
+def pin(store: Store, name: str, target: Target, *, force: bool = False,
+        timeout: Optional[float] = DEFAULT_TIMEOUT, allow_missing: bool = False) -> Digest:
+    """Pin a version (by digest or by another name) under ``name``.
+
+    The version must be a valid manifest in the store, and every object it
+    names must be there too (invariant 2: nothing refers to a missing object)
+    unless ``allow_missing`` (remote-only objects).  GC cannot delete them
+    meanwhile: the check runs under the store's commit lock.
+    """
+    name = _name(name)
+    timeout = _timeout(timeout)
+    d = resolve_target(store, target)[0]
+    refs = store.refs
+    with refs.lock(name, timeout=timeout, what=f"pin {name!r}"), commit_lock(store, timeout=timeout):
+        man = _load(store, d)  # must exist and be a valid manifest; gc cannot delete it while we hold commit_lock
+        if not allow_missing:
+            has = store.objects.has
+            for key, e in man.entries.items():
+                if not has(e.digest):
+                    raise ObjectNotFoundError(
+                        f"cannot pin {d} as {name!r}: its entry {key!r} refers to {e.digest}, which is "
+                        "not in the store (collected by gc or limit?); put it again, or pin with "
+                        "allow_missing=True if it lives on a remote"
+                    )
+        if refs.get("heads", name) is not None:
+            raise InvalidInputError(f"{name!r} is a head (editable manifest); use store.freeze({name!r}) instead")
+        old = refs.get("pins", name)
+        if old is not None and old != d and not force:
+            raise FrozenError(f"pin {name!r} already points to {old}; pass force=True to move it to {d}")
+        if old != d:
+            refs.write("pins", name, d)
+    return d
+
+
+def unpin(store: Store, name: str, *, timeout: Optional[float] = DEFAULT_TIMEOUT) -> Digest:
+    """Remove a pin's name (its objects stay until garbage collection)."""
+    name = _name(name)
+    refs = store.refs
+    with refs.lock(name, timeout=_timeout(timeout), what=f"pin {name!r}"):
+        d = refs.get("pins", name)
+        if d is None:
+            raise ObjectNotFoundError(f"no pin named {name!r}")
+        refs.remove("pins", name)
+        return d
+
+
+def remove_ref(store: Store, kind: str, name: str) -> bool:
+    """Remove head or pin ``name`` (``kind``: ``"heads"``/``"pins"``); ``False`` if it did not exist.
+
+    The caller holds ``store.refs.lock(name)`` (this takes no lock: the name
+    lock is not re-entrant).
+    """
+    return store.refs.remove(kind, _name(name))
+
+
+@dataclass(frozen=True, slots=True)
+class Diff:
+    """Keys added, removed and changed between two versions (``a`` -> ``b``)."""
+
+    added: Mapping[str, Entry]
+    removed: Mapping[str, Entry]
+    changed: Mapping[str, Tuple[Entry, Entry]]
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.changed)
+
+
+def diff(store: Store, a: Union[Target, Manifest], b: Union[Target, Manifest]) -> Diff:
+    """Compare two manifests (names, digests or Manifest objects)."""
+    ea = (a if isinstance(a, Manifest) else read_manifest(store, a)).entries
+    eb = (b if isinstance(b, Manifest) else read_manifest(store, b)).entries
+    added = {k: eb[k] for k in eb if k not in ea}
+    removed = {k: ea[k] for k in ea if k not in eb}
+    changed = {k: (ea[k], eb[k]) for k in ea if k in eb and not ea.same(k, eb)}
+    return Diff(added, removed, changed)
