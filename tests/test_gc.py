@@ -17,7 +17,7 @@ import pytest
 
 import casstore
 from casstore.errors import IntegrityError, InvalidInputError, ObjectNotFoundError
-from casstore.gc import parse_duration, parse_size
+from casstore.maintenance import parse_duration, parse_size
 
 HOUR = 3600.0
 

@@ -146,15 +146,15 @@ def test_gc_concurrent_with_4_writers_grace(tmp_path: Path) -> None:
 
 SLOW_COMMIT = r"""
 import os, sys, time
-import casstore, casstore.manifest as man
+import casstore, casstore._faults as faults
 root, marker, go = sys.argv[1:4]
 s = casstore.open(root)
 def hook(point):
-    if point == "after-object":  # the version object is written; the ref has not moved yet
+    if point == "manifest.after_object":  # the version object is written; the ref has not moved yet
         open(marker, "w").close()
         while not os.path.exists(go):
             time.sleep(0.01)
-man._fault_hook = hook
+faults.hook = hook
 with s.edit("slow") as m:
     m["x"] = s.put(b"payload of a slow commit" * 10)
 print(m.result.digest)
@@ -200,7 +200,7 @@ def test_gc_waits_for_a_commit_in_progress_and_spares_what_it_lands(tmp_path: Pa
 
 KILLED_GC = r"""
 import os, signal, sys
-import casstore, casstore.gc as gc
+import casstore, casstore._faults as faults
 root, point, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 s = casstore.open(root)
 count = [0]
@@ -209,7 +209,7 @@ def hook(p):
         count[0] += 1
         if count[0] >= n:
             os.kill(os.getpid(), signal.SIGKILL)
-gc._fault_hook = hook
+faults.hook = hook
 s.plan_gc(keep_history=2, grace=0).execute()
 """
 
@@ -218,7 +218,7 @@ def hexes(root: Path) -> Set[str]:
     return {p.parent.name + p.name.removesuffix(".zst") for p in (root / "objects").rglob("*") if p.is_file()}
 
 
-@pytest.mark.parametrize("point,n", [("deleted", 3), ("deleted", 30), ("moved", 12)],
+@pytest.mark.parametrize("point,n", [("gc.deleted", 3), ("gc.deleted", 30), ("gc.moved", 12)],
                          ids=["among-versions", "among-objects", "between-move-and-unlink"])
 def test_gc_killed_midway_leaves_a_consistent_store_and_a_rerun_finishes(tmp_path: Path, point: str, n: int) -> None:
     root = tmp_path / "s"
@@ -250,7 +250,7 @@ def test_gc_killed_midway_leaves_a_consistent_store_and_a_rerun_finishes(tmp_pat
     rep = store.verify()
     assert not rep.missing and not rep.corrupt and rep.ok, rep.summary()
     graves = [x for x in os.listdir(root / "tmp") if x.endswith(".gc")]
-    assert len(graves) == (1 if point == "moved" else 0)
+    assert len(graves) == (1 if point == "gc.moved" else 0)
     assert {p.name for p in rep.stale_tmp} >= set(graves)
     # a rerun finishes the job
     again = casstore.open(root)

@@ -18,7 +18,6 @@ from typing import Any, Dict
 from conftest import run_py
 
 import casstore
-from casstore.refs import lock_path
 
 GID, UID = 4321, 4322
 
@@ -97,7 +96,7 @@ def test_shared_store_is_group_writable_and_usable_by_another_user(world_dir: Pa
         assert mode(d) == 0o2775, (d, oct(mode(d)))
         assert os.stat(d).st_gid == GID, d
     locks = root / "locks"
-    for lock in [locks / "gc.lock", locks / "gc.gate", lock_path(root, "names", "team/exp")]:
+    for lock in [locks / "gc.lock", locks / "gc.gate", s.refs.lock("team/exp").path]:
         assert mode(lock) == 0o664 and os.stat(lock).st_gid == GID, (lock, oct(mode(lock)))
     obj = s.path(s.manifest("team/exp")["a"].digest)
     assert mode(obj) == 0o444 and os.stat(obj).st_gid == GID
@@ -114,7 +113,7 @@ def test_shared_store_is_group_writable_and_usable_by_another_user(world_dir: Pa
     # what the other user created is shared too
     d = root / "refs" / "heads" / "team" / "u2"
     assert mode(d) == 0o2775 and os.stat(d).st_gid == GID and os.stat(d).st_uid == UID, d
-    lock = lock_path(root, "names", "team/u2/new")
+    lock = s.refs.lock("team/u2/new").path
     assert mode(lock) == 0o664 and os.stat(lock).st_uid == UID and os.stat(lock).st_gid == GID
     new_obj = s.path(man["b"].digest)
     assert mode(new_obj) == 0o444 and os.stat(new_obj).st_gid == GID and os.stat(new_obj).st_uid == UID

@@ -229,7 +229,7 @@ def test_incremental_rechecks_old_verifications(populated: casstore.Store) -> No
     st = p.stat()
     damage(p, flip_at=0.5)
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))  # bit rot: same size and mtime
-    from casstore.verify import verify
+    from casstore.maintenance import verify
 
     assert verify(populated, incremental=True).ok  # skipped: verified recently, unchanged on the surface
     assert verify(populated, incremental=True, recheck_after=0).corrupt == (d,)

@@ -1,1 +1,42 @@
-"""TRANSITIONAL shim."""
+"""Maintenance: garbage collection, size limits, usage reports and verification.
+
+Layer 4 (docs/design.md): built on the object layer (``store.objects``: the
+one scanner, the codecs' recorded sizes and bounded decoders, the one
+hasher), the refs layer (``store.refs``) and THE manifest decoder
+(:mod:`casstore.manifests.model`).  Modules, one room each:
+
+``durations``  ``"1h30m"``/``"10G"`` parsing shared by every pass
+``graph``      manifest versions reachable from heads and pins; what they keep alive
+``files``      moving entries out of ``objects/`` without ever following a link
+``gc``         plans (:class:`GCPlan`), execution, size limits (:func:`limit`)
+``usage``      :func:`usage`: bytes, compression, dedupe, per head and pin
+``verify``     :func:`verify`: re-hash every object, resolve every reference, repair
+
+A new maintenance pass goes in a module of its own here and reads the store
+only through those layers' public APIs.
+"""
+
+from __future__ import annotations
+
+from .durations import Duration, Size, parse_duration, parse_size
+from .gc import GCPlan, GCResult, LimitResult, limit, plan_gc, plan_limit
+from .usage import NameUsage, Usage, usage
+from .verify import VerifyReport, verify
+
+__all__ = [
+    "Duration",
+    "Size",
+    "GCPlan",
+    "GCResult",
+    "LimitResult",
+    "Usage",
+    "NameUsage",
+    "VerifyReport",
+    "plan_gc",
+    "plan_limit",
+    "limit",
+    "usage",
+    "verify",
+    "parse_duration",
+    "parse_size",
+]

@@ -1,2 +1,495 @@
-"""TRANSITIONAL shim."""
-from ..verify import VerifyReport, verify  # noqa: F401
+"""Verify (and repair) a store: every object re-hashed, every reference resolved.
+
+``store.verify()`` returns a :class:`VerifyReport`:
+
+* ``corrupt`` -- digests with an object file whose bytes do not hash to its
+  name (a flipped byte, a truncated or empty file, an undecodable zstd frame,
+  a frame that decodes to more than its recorded size, a size that disagrees
+  with the manifest or the recorded size, a file swapped for something that
+  is not a regular file since the scan);
+* ``missing`` -- digests a head or pin (any stored version of it) references
+  but the store does not hold;
+* ``orphaned`` -- paths under ``objects/`` that are not objects (wrong name,
+  wrong place, not a regular file: a symlink, FIFO, device or directory is
+  listed here and never opened or followed);
+* ``stale_tmp`` -- staging files in ``tmp/`` whose writer is dead.
+
+``fast=True`` checks sizes and headers only (a raw object's size against the
+manifests, a compressed object's header and recorded size) and reads at most
+a few bytes per object.  Full verification hashes every object on a pool of
+threads (:func:`casstore.digest.hash_fd` for files stored byte for byte, the
+codec's bounded decoder otherwise) and records what it verified and when in
+``state/verify.msgpack``; ``incremental=True`` then skips files unchanged
+since a verification younger than ``recheck_after``.
+
+Hazards (issue 11): every object file is opened with
+:func:`casstore.objects.reader.open_object_file` (``O_NOFOLLOW | O_NONBLOCK``,
+regular files only), so a FIFO planted after the scan cannot hang verify and
+a symlink is never followed; decoding is bounded by the size the object
+records, so a decompression bomb costs at most that much output (it is
+reported corrupt, never inflated).
+
+``repair=True`` moves corrupt object files and stray entries to ``bad/``
+(never deletes them; moved relative to directory descriptors, never through a
+link: :mod:`casstore.maintenance.files`), removes stale staging files, and
+reports in ``lost`` every digest a pin or head needs that now has no good
+copy, naming who needs it: put the original data again (a re-put writes a
+fresh copy, because the damaged one is no longer in ``objects/``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
+
+import msgpack
+
+from .._fs import makedirs, stale_entries, sweep_stale, write_file_atomic
+from .._layout import BAD, OBJECTS
+from .._progress import Progress, human_bytes
+from .._shared import STATE
+from ..codecs import ZSTD, Codec
+from ..digest import Digest, hash_bytes, hash_fd, new_hasher
+from ..errors import IntegrityError, ObjectNotFoundError, StoreFormatError
+from ..objects.local import LocalObjects, ObjFile
+from ..objects.reader import open_object_file
+from .durations import Duration, parse_duration
+from .files import ObjectDirs
+from .graph import Graph
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+__all__ = ["VerifyReport", "verify", "STATE_FILE"]
+
+STATE_FILE = "verify.msgpack"
+"""The incremental record, under ``<root>/state``."""
+
+JSONDict = Dict[str, object]
+StateRecord = List[object]
+"""``[size, mtime_ns, inode, verified_at]`` of one object file."""
+
+EMPTY_HEX = hash_bytes(b"").hex
+_SMALL = 1 << 20  # below this, hashing on the scanning thread beats a hop to the pool
+_CHUNK = 1 << 20  # decoded bytes hashed per read (bounded memory)
+# TRANSITIONAL (until codecs grows ``Codec.looks_valid(fd, file_size)``): the bytes a
+# stored file of a codec starts with, keyed by the codec object (never by its name).
+_HEADERS: Mapping[Codec, bytes] = MappingProxyType({ZSTD: b"\x28\xb5\x2f\xfd"})
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """What :func:`verify` found (and, with ``repair``, did)."""
+
+    corrupt: Tuple[Digest, ...]
+    missing: Tuple[Digest, ...]
+    orphaned: Tuple[Path, ...]
+    stale_tmp: Tuple[Path, ...]
+    unreadable: Tuple[Digest, ...]
+    """Manifest versions a head or pin reaches that hash correctly but cannot be decoded
+    (not a manifest, a newer format, malformed entries): what they reference is unknown."""
+    details: Mapping[Digest, str]
+    """What is wrong with each corrupt or missing digest (file and reason, or who references it)."""
+    lost: Mapping[Digest, Tuple[str, ...]]
+    """Digests a pin or head needs with no good copy left, and who needs them."""
+    quarantined: Tuple[Path, ...]
+    """Repair: where corrupt files and stray entries were moved (under ``bad/``)."""
+    removed_tmp: Tuple[Path, ...]
+    """Repair: stale staging files removed."""
+    checked: int
+    """Object files checked."""
+    skipped: int
+    """Incremental: files unchanged since a recent verification, not re-hashed."""
+    bytes_checked: int
+    seconds: float
+    fast: bool
+    repaired: bool
+
+    @property
+    def ok(self) -> bool:
+        """No corrupt, missing or orphaned entries (stale staging files are housekeeping, not damage)."""
+        return not (self.corrupt or self.missing or self.orphaned or self.unreadable)
+
+    def summary(self) -> str:
+        """A few lines for humans, naming each problem and what to do."""
+        mode = "fast (sizes and headers)" if self.fast else "full (re-hashed)"
+        lines = [f"verified {self.checked} object files, {human_bytes(self.bytes_checked)}, {mode}"
+                 + (f"; {self.skipped} unchanged since their last verification skipped" if self.skipped else "")
+                 + f" in {self.seconds:.1f}s"]
+        for d in self.corrupt:
+            lines.append(f"CORRUPT  {d}: {self.details.get(d, '')}")
+        for d in self.missing:
+            lines.append(f"MISSING  {d}: {self.details.get(d, '')}")
+        for d in self.unreadable:
+            lines.append(f"BADMANIF {d}: {self.details.get(d, '')}")
+        for p in self.orphaned:
+            lines.append(f"STRAY    {p}: not an object; casstore never reads it")
+        for p in self.stale_tmp:
+            lines.append(f"STALE    {p}: staging file of a dead writer")
+        for p in self.quarantined:
+            lines.append(f"MOVED    {p}")
+        for p in self.removed_tmp:
+            lines.append(f"REMOVED  {p}")
+        for d, who in self.lost.items():
+            lines.append(f"LOST     {d}: needed by {', '.join(who)}; no good copy is left in objects/ "
+                         "-- put the original data again (or fetch it from a remote)")
+        if self.ok and not self.stale_tmp:
+            lines.append("store is healthy")
+        elif not self.repaired and (self.corrupt or self.orphaned or self.stale_tmp):
+            lines.append("run `casstore verify --repair` to move damaged and stray files to bad/ "
+                         "and remove stale staging files")
+        return "\n".join(lines)
+
+    def to_dict(self) -> JSONDict:
+        """JSON-able form."""
+        return {
+            "ok": self.ok,
+            "corrupt": [str(d) for d in self.corrupt],
+            "missing": [str(d) for d in self.missing],
+            "orphaned": [str(p) for p in self.orphaned],
+            "stale_tmp": [str(p) for p in self.stale_tmp],
+            "unreadable": [str(d) for d in self.unreadable],
+            "details": {str(k): v for k, v in self.details.items()},
+            "lost": {str(k): list(v) for k, v in self.lost.items()},
+            "quarantined": [str(p) for p in self.quarantined],
+            "removed_tmp": [str(p) for p in self.removed_tmp],
+            "checked": self.checked,
+            "skipped": self.skipped,
+            "bytes_checked": self.bytes_checked,
+            "seconds": round(self.seconds, 3),
+            "fast": self.fast,
+            "repaired": self.repaired,
+        }
+
+
+# -- checking one file ----------------------------------------------------------------------
+
+
+class _Check(NamedTuple):
+    status: str
+    """``ok``, ``corrupt`` or ``gone``."""
+    nbytes: int
+    problem: str
+
+
+_OK = _Check("ok", 0, "")
+_GONE = _Check("gone", 0, "")
+
+
+def _check_file(f: ObjFile, expected: Optional[int], fast: bool) -> _Check:
+    """Check one object file found by the scan (see the module docstring)."""
+    try:
+        fd, st = open_object_file(f.path, f.digest)
+    except ObjectNotFoundError:
+        return _GONE  # removed since the scan (gc, limit)
+    except IntegrityError as e:  # swapped for a link, FIFO or directory since the scan: never followed
+        return _Check("corrupt", 0, str(e))
+    try:
+        return _check_open(f, fd, st.st_size, expected, fast)
+    except IntegrityError as e:
+        return _Check("corrupt", 0, f"file {f.path} {e}")
+    except OSError as e:  # EIO from a failing disk: the copy cannot be trusted
+        return _Check("corrupt", 0, f"file {f.path} cannot be read ({e.strerror or e})")
+    finally:
+        os.close(fd)
+
+
+def _check_open(f: ObjFile, fd: int, size: int, expected: Optional[int], fast: bool) -> _Check:
+    codec = f.codec
+    if size == 0 and f.hex != EMPTY_HEX:
+        return _Check("corrupt", 0, f"file {f.path} is empty (lost in a crash?)")
+    usize = codec.size_of(fd, size)
+    if usize is None:
+        return _Check("corrupt", 0, f"{codec.name} file {f.path} has no size trailer (truncated or damaged)")
+    header = _HEADERS.get(codec)
+    if header is not None and os.pread(fd, len(header), 0) != header:
+        return _Check("corrupt", 0, f"{codec.name} file {f.path} does not start with a {codec.name} frame")
+    if fast:
+        if expected is not None and usize != expected:
+            what = "has" if codec.byte_exact else "holds"
+            return _Check("corrupt", 0, f"file {f.path} {what} {usize} bytes but a manifest says {expected} "
+                                        "(truncated?)")
+        return _OK
+    # Full mode: the hash decides.  A manifest entry's size can be wrong (an entry
+    # recorded with allow_missing, a pulled manifest); a file whose bytes hash to
+    # its name is good and must never be quarantined.
+    if codec.byte_exact:
+        got = hash_fd(fd, size)
+        if got != f.digest:
+            if expected is not None and size != expected:
+                return _Check("corrupt", size, f"file {f.path} has {size} bytes but a manifest says {expected} "
+                                               f"(truncated?) and hashes to {got}")
+            return _Check("corrupt", size, f"file {f.path} hashes to {got}")
+        return _Check("ok", size, "")
+    # Decoded through the codec's bounded stream: a frame that decodes to more than
+    # usize (a decompression bomb) raises after at most usize + 1 bytes of output.
+    h = new_hasher()
+    n = 0
+    with open(fd, "rb", buffering=0, closefd=False) as raw:
+        try:
+            with codec.open_decoder(raw, usize, what=f"{codec.name} file {f.path}") as reader:
+                while True:
+                    chunk = reader.read(_CHUNK)
+                    if not chunk:
+                        break
+                    h.update(chunk)
+                    n += len(chunk)
+        except IntegrityError as e:
+            return _Check("corrupt", size, f"{codec.name} file {f.path} cannot be decoded ({e})")
+    got_hex = h.hexdigest()
+    if got_hex != f.hex or n != usize:
+        return _Check("corrupt", size, f"{codec.name} file {f.path} decodes to {n} bytes hashing to "
+                                       f"blake3:{got_hex}")
+    return _Check("ok", size, "")
+
+
+# -- incremental state ---------------------------------------------------------------------------
+
+
+def _state_key(f: ObjFile) -> str:
+    return f.hex + f.codec.suffix
+
+
+def _load_state(path: Path) -> Dict[str, StateRecord]:
+    try:
+        doc = msgpack.unpackb(path.read_bytes(), raw=False)
+        files = doc.get("files") if isinstance(doc, dict) and doc.get("v") == 1 else None
+        return files if isinstance(files, dict) else {}
+    except (OSError, ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData):
+        return {}  # a lost or damaged record only means re-hashing
+
+
+def _save_state(store: Store, files: Dict[str, StateRecord]) -> None:
+    d = store.root / STATE
+    try:
+        makedirs(d)
+        write_file_atomic(store.objects.tmp, d / STATE_FILE, msgpack.packb({"v": 1, "files": files}),
+                          durable=False, mode=0o664 if store.config.shared else 0o644)
+    except OSError:  # read-only store: the record is an optimisation
+        pass
+
+
+def _fresh_enough(rec: object, f: ObjFile, now: float, recheck: float) -> bool:
+    """Is ``rec`` a record of this very file (size, mtime, inode) verified less than ``recheck`` ago?"""
+    if not (isinstance(rec, list) and len(rec) == 4 and rec[:3] == [f.size, f.mtime_ns, f.ino]):
+        return False
+    at = rec[3]
+    return isinstance(at, (int, float)) and not isinstance(at, bool) and now - float(at) < recheck
+
+
+# -- repair helpers -----------------------------------------------------------------------------
+
+
+def _quarantine(root: Path, dirs: ObjectDirs, src: Path, name: str) -> Optional[Path]:
+    """Move ``src`` (under ``objects/``) to ``bad/<name>``; ``None`` if it is gone or its directory became a link."""
+    dir_fd, entry = dirs.locate(src)
+    if dir_fd is None:
+        return None
+    bad = root / BAD
+    makedirs(bad)
+    dest = bad / name
+    i = 1
+    while os.path.lexists(dest):
+        dest = bad / f"{name}.{i}"
+        i += 1
+    try:
+        os.rename(entry, dest, src_dir_fd=dir_fd)  # the entry itself, never what a link points to
+    except FileNotFoundError:
+        return None
+    return dest
+
+
+def _present_now(objects: LocalObjects, h: str) -> bool:
+    """Does a regular object file for ``h`` exist now (put after our scan)?  Planted entries do not count."""
+    return bool(objects.scan(h)[0])
+
+
+# -- verify -------------------------------------------------------------------------------------
+
+
+def verify(store: Store, *, fast: bool = False, repair: bool = False, incremental: bool = False,
+           recheck_after: Duration = "30d", workers: int = 2, progress: Optional[bool] = None) -> VerifyReport:
+    """Check every object and every reference; see the module docstring.
+
+    ``workers``: threads hashing files concurrently (BLAKE3 also uses its own
+    threads on big files).  ``progress``: a bar on stderr; ``None`` = only when
+    stderr is a terminal.
+    """
+    t0 = time.monotonic()
+    now = time.time()
+    root = store.root
+    objects = store.objects
+    recheck = parse_duration(recheck_after, "recheck_after")
+    files, strays = objects.scan()
+    stale = stale_entries(objects.tmp, now=now)
+
+    # References: every stored version of every head and pin (full history).
+    need: Dict[str, List[str]] = {}
+    expected: Dict[str, int] = {}
+    details: Dict[str, str] = {}
+    walk_corrupt: Set[str] = set()  # versions whose bytes failed their hash when read
+    unreadable: Set[str] = set()  # versions that hash fine but do not decode
+    g = Graph(objects)
+    seen_versions: Set[Digest] = set()
+    for kind in ("pins", "heads"):
+        for name, d in store.refs.list(kind).items():
+            label = f"{kind[:-1]} {name!r}"
+            cur: Optional[Digest] = d
+            depth = 0
+            while cur is not None and cur not in seen_versions:
+                where = label if depth == 0 else f"{label} ({depth} back)"
+                h = cur.hex
+                try:
+                    doc = g.doc(cur, where, required=False)
+                except IntegrityError as e:
+                    walk_corrupt.add(h)
+                    need.setdefault(h, []).append(f"{where} (manifest version)")
+                    details.setdefault(h, str(e).split(";")[0])
+                    break
+                except StoreFormatError as e:
+                    need.setdefault(h, []).append(f"{where} (manifest version)")
+                    details.setdefault(h, str(e))
+                    unreadable.add(h)
+                    break
+                if doc is None:
+                    if depth == 0:  # a ref to a missing version; a missing parent was collected by gc
+                        need.setdefault(h, []).append(f"{where} (manifest version)")
+                    break
+                seen_versions.add(cur)
+                need.setdefault(h, []).append(f"{where} (manifest version)")
+                for key, ent in doc.entries.items():
+                    eh = ent.digest.hex
+                    need.setdefault(eh, []).append(f"{where} entry {key!r}")
+                    if ent.size is not None:
+                        expected.setdefault(eh, ent.size)
+                cur = doc.parent
+                depth += 1
+
+    # Objects: choose what to check (incremental skips recently verified, unchanged files).
+    state = _load_state(root / STATE / STATE_FILE) if not fast else {}
+    todo: List[ObjFile] = []
+    skipped = 0
+    new_state: Dict[str, StateRecord] = {}
+    for f in files:
+        key = _state_key(f)
+        rec = state.get(key)
+        if incremental and not fast and f.hex not in walk_corrupt and _fresh_enough(rec, f, now, recheck):
+            assert isinstance(rec, list)
+            skipped += 1
+            new_state[key] = rec
+            continue
+        todo.append(f)
+    results = _check_all(todo, expected, fast, workers, progress)
+    # A version that failed its hash when the walk read it is re-checked in full
+    # even in fast mode, so repair acts on exactly the damaged file.
+    for f in files:
+        if f.hex in walk_corrupt and (fast or f.path not in results):
+            results[f.path] = _check_file(f, expected.get(f.hex), False)
+
+    good: Set[str] = set()
+    corrupt_files: List[ObjFile] = []
+    checked = 0
+    bytes_checked = 0
+    for f in files:
+        r = results.get(f.path)
+        if r is None:  # skipped (incremental): verified before, unchanged since
+            good.add(f.hex)
+            continue
+        if r.status == "gone":
+            continue
+        checked += 1
+        bytes_checked += f.size
+        if r.status == "ok":
+            good.add(f.hex)
+            if not fast:
+                new_state[_state_key(f)] = [f.size, f.mtime_ns, f.ino, now]
+        else:
+            corrupt_files.append(f)
+            details[f.hex] = r.problem
+    corrupt_hex = sorted({f.hex for f in corrupt_files})
+    present = {f.hex for f in files}
+    missing: List[str] = []
+    for h in sorted(need):
+        if h in present:
+            continue
+        if _present_now(objects, h):  # put after our scan
+            good.add(h)
+            continue
+        missing.append(h)
+        who = need[h]
+        details[h] = "referenced by " + ", ".join(who[:5]) + (f" and {len(who) - 5} more" if len(who) > 5 else "")
+
+    quarantined: List[Path] = []
+    removed: List[Path] = []
+    if repair:
+        objdir = root / OBJECTS
+        with ObjectDirs(objdir) as dirs:
+            for f in corrupt_files:
+                fan, fname = os.path.basename(os.path.dirname(f.path)), os.path.basename(f.path)
+                moved = _quarantine(root, dirs, Path(f.path), fan + fname)
+                if moved is not None:
+                    quarantined.append(moved)
+                    new_state.pop(_state_key(f), None)
+            for p in strays:
+                rel = p.relative_to(objdir)
+                moved = _quarantine(root, dirs, p, "stray-" + str(rel).replace(os.sep, "_"))
+                if moved is not None:
+                    quarantined.append(moved)
+        if stale:
+            removed = sweep_stale(objects.tmp)
+
+    # Needed by a pin or head, with no good copy: report who needs it (never silent).
+    lost_h = [h for h in sorted(need) if h not in good]
+    lost = {Digest(h): tuple(need[h]) for h in lost_h}
+    shown = set(corrupt_hex) | set(missing) | set(lost_h) | unreadable
+
+    if not fast and store.writable:
+        _save_state(store, new_state)
+
+    return VerifyReport(
+        corrupt=tuple(Digest(h) for h in corrupt_hex),
+        missing=tuple(Digest(h) for h in missing),
+        orphaned=tuple(strays),
+        stale_tmp=tuple(stale),
+        unreadable=tuple(Digest(h) for h in sorted(unreadable - set(corrupt_hex))),
+        details=MappingProxyType({Digest(h): v for h, v in details.items() if h in shown}),
+        lost=MappingProxyType(lost),
+        quarantined=tuple(quarantined),
+        removed_tmp=tuple(removed),
+        checked=checked,
+        skipped=skipped,
+        bytes_checked=bytes_checked,
+        seconds=time.monotonic() - t0,
+        fast=fast,
+        repaired=repair,
+    )
+
+
+def _check_all(todo: List[ObjFile], expected: Mapping[str, int], fast: bool, workers: int,
+               progress: Optional[bool]) -> Dict[str, _Check]:
+    """Check files; returns path -> result.
+
+    Big files are hashed on a pool of ``workers`` threads (BLAKE3 and mmap page
+    faults release the GIL); small ones on this thread meanwhile, where a
+    thread hop would cost more than the hashing and only contend for the GIL.
+    """
+    results: Dict[str, _Check] = {}
+    total = len(todo) if fast else sum(f.size for f in todo)
+    with Progress(total, desc="verify", unit="files" if fast else "B", enabled=progress) as bar:
+        big = [] if fast or workers < 1 else [f for f in todo if f.size >= _SMALL]
+        small = todo if not big else [f for f in todo if f.size < _SMALL]
+        with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="casstore-verify") as ex:
+            futs: List[Tuple[ObjFile, Future[_Check]]] = [
+                (f, ex.submit(_check_file, f, expected.get(f.hex), False)) for f in big]
+            for f in small:
+                results[f.path] = _check_file(f, expected.get(f.hex), fast)
+                bar.update(1 if fast else f.size)
+            for f, fut in futs:
+                results[f.path] = fut.result()
+                bar.update(f.size)
+    return results

@@ -1,0 +1,162 @@
+"""The reference graph: manifest versions reachable from heads and pins, and what they keep alive.
+
+Every manifest version is read through the object layer (verified) and decoded
+by THE manifest decoder (:func:`casstore.manifests.model.decode_manifest`), so
+gc, usage and verify judge exactly the entries every other reader sees.  The
+only exception is the parent link of an *expired* version (outside every
+kept window): :func:`casstore.manifests.model.read_parent` reads it without
+verifying or decoding the rest, because a damaged expired version must end
+the history walk, not stop gc (it references nothing gc keeps).
+
+Hazard: a version a root needs that is missing, corrupt or undecodable means
+what it references is unknown, so nothing can be judged unreferenced; the
+loader raises (typed, saying what to do) instead of guessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Set, Tuple
+
+from ..digest import Digest
+from ..errors import IntegrityError, InvalidInputError, ObjectNotFoundError, StoreFormatError
+from ..manifests.model import ManifestDoc, decode_manifest, read_parent
+from ..objects.base import ObjectStore
+from ..refs.base import RefStore
+
+__all__ = ["Graph", "Live", "compute_live"]
+
+
+class Graph:
+    """Manifest versions of one object store, each read and decoded at most once."""
+
+    def __init__(self, objects: ObjectStore) -> None:
+        self.objects = objects
+        """Where the versions are read from."""
+        self._docs: Dict[Digest, ManifestDoc] = {}
+
+    def doc(self, d: Digest, where: str, *, required: bool) -> Optional[ManifestDoc]:
+        """The decoded, hash-verified version ``d``; ``None`` if it is missing and not ``required``.
+
+        A missing required version, or a corrupt or undecodable one, raises
+        (:class:`ObjectNotFoundError`, :class:`IntegrityError`,
+        :class:`StoreFormatError`): what it references is unknown, so nothing
+        can be judged unreferenced.  ``where`` names who needs it (for messages).
+        """
+        doc = self._docs.get(d)
+        if doc is not None:
+            return doc
+        try:
+            data = self.objects.read(d)
+        except ObjectNotFoundError:
+            if not required:
+                return None
+            raise ObjectNotFoundError(
+                f"{where} points to manifest version {d}, which is missing from the store, so what it "
+                "references is unknown and nothing can be collected safely; restore the version (fetch it "
+                "from a remote), or re-point or remove that ref, then run gc again"
+            ) from None
+        except IntegrityError:
+            # Also a planted FIFO, directory or symlink at the version's path (never opened).
+            raise IntegrityError(
+                f"manifest version {d} ({where}) is corrupt, so what it references is unknown and nothing can "
+                "be collected safely; run `casstore verify --repair` (it moves the damaged version to bad/), "
+                "then gc again"
+            ) from None
+        try:
+            doc = decode_manifest(data, d)
+        except StoreFormatError as e:
+            raise StoreFormatError(f"{e} ({where}); gc cannot tell what it references, so it stops") from None
+        self._docs[d] = doc
+        return doc
+
+    def parent_of(self, d: Digest) -> Optional[Digest]:
+        """Parent link of a version that may be expired, damaged or missing (never raises)."""
+        doc = self._docs.get(d)
+        if doc is not None:
+            return doc.parent
+        try:
+            # Unverified on purpose: an expired version is only walked through, never trusted
+            # for what it keeps; its bytes are hashed when a root needs it (doc()).
+            data = self.objects.read(d, verify=False)
+        except (ObjectNotFoundError, IntegrityError, OSError):
+            return None
+        return read_parent(data)
+
+
+@dataclass
+class Live:
+    """The roots' closure: which objects are live and why (built by :func:`compute_live`)."""
+
+    wheres: List[str] = field(default_factory=list)
+    """Who holds something: ``"pin 'paper'"``, ``"head 'exp', 2 versions back"``..."""
+    live: Dict[str, Tuple[int, str]] = field(default_factory=dict)
+    """hex -> (index into ``wheres``, entry key or "" for the version object itself)."""
+    expired: List[Digest] = field(default_factory=list)
+    """Expired versions (reachable by parent links, outside every root), newest first per chain."""
+    roots: Dict[str, Digest] = field(default_factory=dict)
+    """``"pin:<name>"`` / ``"head:<name>"`` -> version digest."""
+    graph: Optional[Graph] = None
+    """The loader that read the versions (reused to read expired history)."""
+
+    def describe(self, hexd: str) -> str:
+        """Why ``hexd`` is live, in words."""
+        w, key = self.live[hexd]
+        return f"entry {key!r} of {self.wheres[w]}" if key else f"manifest version of {self.wheres[w]}"
+
+
+def compute_live(objects: ObjectStore, refs: RefStore, keep_history: int) -> Live:
+    """Read every ref and return the closure of the roots (see :mod:`casstore.maintenance.gc`)."""
+    if isinstance(keep_history, bool) or not isinstance(keep_history, int) or keep_history < 0:
+        raise InvalidInputError(f"keep_history must be a non-negative int, not {keep_history!r}")
+    g = Graph(objects)
+    out = Live(graph=g)
+    # Heads before pins: freeze writes the pin before removing the head, so a
+    # name being frozen right now is seen at least once.
+    heads = refs.list("heads")
+    pins = refs.list("pins")
+    frontier: List[Optional[Digest]] = []
+
+    def add_version(d: Digest, where: str, required: bool) -> Optional[ManifestDoc]:
+        doc = g.doc(d, where, required=required)
+        if doc is None:
+            return None
+        w = len(out.wheres)
+        out.wheres.append(where)
+        live = out.live
+        live.setdefault(d.hex, (w, ""))
+        for key, e in doc.entries.items():
+            h = e.digest.hex
+            if h not in live:
+                live[h] = (w, key)
+        return doc
+
+    for name, d in pins.items():
+        out.roots[f"pin:{name}"] = d
+        add_version(d, f"pin {name!r}", True)
+        frontier.append(g.parent_of(d))
+    for name, d in heads.items():
+        out.roots[f"head:{name}"] = d
+        cur: Optional[Digest] = d
+        for i in range(keep_history + 1):
+            assert cur is not None
+            where = f"head {name!r}" if i == 0 else f"head {name!r}, {i} version{'s' if i > 1 else ''} back"
+            if add_version(cur, where, i == 0) is None:
+                cur = None  # collected earlier (keep_history was lower then)
+                break
+            cur = g.parent_of(cur)
+            if cur is None:
+                break
+        frontier.append(cur)
+    # Expired history: every version reachable through parent links beyond the
+    # kept windows.  They are deleted first, newest first, so the chain is cut
+    # before any object only they reference disappears.
+    seen: Set[Digest] = set()
+    for start in frontier:
+        c = start
+        while c is not None and c not in seen:
+            seen.add(c)
+            if c.hex not in out.live:
+                out.expired.append(c)
+            c = g.parent_of(c)
+    return out
