@@ -63,6 +63,7 @@ __all__ = [
     "ManifestDoc",
     "validate_key",
     "canonical_meta",
+    "canonical_map",
     "encode_manifest",
     "decode_manifest",
     "read_parent",
@@ -270,7 +271,8 @@ def canonical_meta(value: object, where: str = "metadata") -> object:
     return _canon(value, where, 0, set())
 
 
-def _canon_map(value: Mapping[str, Any], where: str) -> Dict[str, Any]:
+def canonical_map(value: Mapping[str, Any], where: str = "metadata") -> Dict[str, Any]:
+    """:func:`canonical_meta` of a str-keyed map (a new dict); InvalidTypeError if ``value`` is not a mapping."""
     if not isinstance(value, Mapping):
         raise InvalidTypeError(f"{where} must be a mapping (a dict), not {type(value).__name__}")
     out = _canon(value, where, 0, set())
@@ -309,7 +311,7 @@ class Entry:
         if not isinstance(self.meta, Mapping):
             raise InvalidTypeError(f"Entry.meta must be a mapping, not {type(self.meta).__name__}")
         if self.meta is not _EMPTY:
-            meta = _canon_map(self.meta, "entry metadata")
+            meta = canonical_map(self.meta, "entry metadata")
             object.__setattr__(self, "meta", MappingProxyType(meta) if meta else _EMPTY)
 
 
@@ -430,14 +432,14 @@ class ManifestDoc:
         """Check keys, entries and metadata (InvalidInputError/InvalidTypeError) and make a version."""
         if parent is not None and not isinstance(parent, Digest):
             raise InvalidTypeError(f"a manifest's parent must be a Digest or None, not {type(parent).__name__}")
-        return cls(EntryMap.from_entries(entries), MappingProxyType(_canon_map(meta, "manifest metadata")), parent)
+        return cls(EntryMap.from_entries(entries), MappingProxyType(canonical_map(meta, "manifest metadata")), parent)
 
     def encode(self) -> bytes:
         """The canonical msgpack bytes of this version (docs/format.md)."""
         return _pack({
             "casstore": _KIND,
             "entries": self.entries._raw,
-            "meta": _canon_map(self.meta, "manifest metadata"),
+            "meta": canonical_map(self.meta, "manifest metadata"),
             "parent": self.parent.raw if self.parent is not None else None,
             "v": MANIFEST_FORMAT,
         })
@@ -512,7 +514,7 @@ def _decode(data: bytes, digest: Optional[Digest], *, trusted: bool) -> Tuple[Ma
         raw = {k: raw[k] for k in sorted(keys)}
         canonical = False
     try:
-        meta = _canon_map(meta, "metadata")
+        meta = canonical_map(meta, "metadata")
     except InvalidInputError as e:
         raise StoreFormatError(f"{what}: {e}") from None
     return ManifestDoc(EntryMap._of(raw), MappingProxyType(meta),
@@ -552,7 +554,7 @@ def _check_entries(raw: Dict[Any, Any], what: str) -> bool:
                 canonical = False
             else:
                 try:
-                    c = _canon_map(m, f"metadata of entry {k!r:.200}")
+                    c = canonical_map(m, f"metadata of entry {k!r:.200}")
                 except InvalidInputError as e:
                     raise StoreFormatError(f"{what}: entry {k!r:.200} is malformed: {e}") from None
                 if _pack(c) != _pack(m):
