@@ -65,7 +65,7 @@ from ..errors import IntegrityError, StoreFormatError
 from ..objects.local import ObjFile
 from .durations import Duration, Size, parse_duration, parse_size
 from .files import ObjectDirs
-from .graph import Live, compute_live
+from .graph import Live, compute_live, entry_refs
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -409,8 +409,7 @@ def _surviving_history(live: Live, deleted: Set[str]) -> Dict[str, str]:
             continue  # a damaged expired version: verify reports it
         if doc is None:
             continue
-        for key, e in doc.entries.items():
-            eh = e.digest.hex
+        for key, eh, _size in entry_refs(doc):
             if eh not in live.live:
                 out.setdefault(eh, f"still named by stored history version blake3:{d.hex[:12]} (entry {key!r}), "
                                    "which this run keeps (too fresh, or expired after the plan); a later "

@@ -18,7 +18,7 @@ from ..digest import Digest
 from ..errors import IntegrityError, ObjectNotFoundError, StoreFormatError
 from ..objects.local import ObjFile
 from ..objects.reader import open_object_file
-from .graph import Graph
+from .graph import Graph, entry_refs
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -144,11 +144,10 @@ def usage(store: Store) -> Usage:
                 break
             seen_versions.add(cur)
             referenced.add(cur.hex)
-            for e in doc.entries.values():
-                h = e.digest.hex
+            for _key, h, size in entry_refs(doc):
                 referenced.add(h)
                 entry_hexes.add(h)
-                referenced_bytes += e.size if e.size is not None else logical.get(h, 0)
+                referenced_bytes += size if size is not None else logical.get(h, 0)
             cur = doc.parent
     # Per name: the current version.
     per: List[Tuple[str, str, Digest, Dict[str, int], int, int, int]] = []
@@ -165,10 +164,9 @@ def usage(store: Store) -> Usage:
                 doc = None
             if doc is not None:
                 objs[d.hex] = 1
-                for e in doc.entries.values():
-                    h = e.digest.hex
+                for _key, h, size in entry_refs(doc):
                     n_entries += 1
-                    lbytes += e.size if e.size is not None else logical.get(h, 0)
+                    lbytes += size if size is not None else logical.get(h, 0)
                     objs[h] = 1
                     if h not in stored:
                         missing += 1

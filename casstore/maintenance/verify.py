@@ -60,7 +60,7 @@ from ..objects.local import LocalObjects, ObjFile
 from ..objects.reader import open_object_file
 from .durations import Duration, parse_duration
 from .files import ObjectDirs
-from .graph import Graph
+from .graph import Graph, entry_refs
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -362,11 +362,10 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
                     break
                 seen_versions.add(cur)
                 need.setdefault(h, []).append(f"{where} (manifest version)")
-                for key, ent in doc.entries.items():
-                    eh = ent.digest.hex
+                for key, eh, size in entry_refs(doc):
                     need.setdefault(eh, []).append(f"{where} entry {key!r}")
-                    if ent.size is not None:
-                        expected.setdefault(eh, ent.size)
+                    if size is not None:
+                        expected.setdefault(eh, size)
                 cur = doc.parent
                 depth += 1
 
