@@ -18,6 +18,7 @@ from .errors import (
     CacheIndexError,
     CasstoreError,
     CompressedObjectError,
+    DiskFullError,
     FrozenError,
     IntegrityError,
     InvalidDigestError,
@@ -29,9 +30,14 @@ from .errors import (
     RemoteConflictError,
     StoreFormatError,
 )
-from .manifest import Diff, Entry, Manifest, ManifestEditor
-from .remote import Remote
-from .store import ObjectInfo, Store, open_store
+from .maintenance import GCPlan, GCResult, LimitResult, NameUsage, Usage, VerifyReport
+from .manifests import Diff, EditTransaction, Entry, Manifest, ManifestEditor
+from .objects import LocalObjects, ObjectInfo, ObjectStore
+from .objects.s3 import S3Objects
+from .refs import LocalRefs, Ref, RefStore
+from .refs.s3 import S3Refs
+from .store import Store, open_store
+from .sync import Remote, TransferReport
 
 open = open_store  # noqa: A001 - ``casstore.open(path)`` is the documented entry point
 
@@ -43,12 +49,27 @@ __all__ = [
     "Store",
     "Digest",
     "ObjectInfo",
+    "ObjectStore",
+    "LocalObjects",
+    "S3Objects",
+    "Ref",
+    "RefStore",
+    "LocalRefs",
+    "S3Refs",
     "Entry",
     "Manifest",
     "ManifestEditor",
+    "EditTransaction",
     "Diff",
     "IndexCache",
     "Remote",
+    "TransferReport",
+    "GCPlan",
+    "GCResult",
+    "LimitResult",
+    "Usage",
+    "NameUsage",
+    "VerifyReport",
     "errors",
     "CasstoreError",
     "ObjectNotFoundError",
@@ -65,5 +86,6 @@ __all__ = [
     "RemoteConflictError",
     "CacheIndexError",
     "CompressedObjectError",
+    "DiskFullError",
     "__version__",
 ]
