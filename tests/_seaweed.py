@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 try:  # the benchmarks reuse the server helpers without pytest installed
     import pytest
@@ -395,6 +395,28 @@ def remote(seaweed: SeaweedServer, remote_url: str) -> Any:
 
 
 # -- inspection helpers --------------------------------------------------------------
+
+
+def split_url(url: str) -> Tuple[str, str]:
+    """``s3://bucket/some/prefix`` -> ``("bucket", "some/prefix/")``."""
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    return bucket, prefix.strip("/") + "/" if prefix.strip("/") else ""
+
+
+def put_key(client: Any, url: str, rel: str, body: bytes) -> str:
+    """Write ``body`` at ``<prefix><rel>`` of a remote URL with a plain PUT (no condition: tampering); the key."""
+    bucket, prefix = split_url(url)
+    client.put_object(Bucket=bucket, Key=prefix + rel, Body=body)
+    return prefix + rel
+
+
+def put_object_bytes(client: Any, url: str, data: bytes, *, under: Optional[str] = None) -> str:
+    """Upload ``data`` as a remote object under its own digest's key (or under hex digest ``under``); the hex."""
+    import blake3
+
+    h = under or blake3.blake3(data).hexdigest()
+    put_key(client, url, f"objects/{h[:2]}/{h[2:]}", data)
+    return h
 
 
 def remote_listing(client: Any, url: str) -> Dict[str, int]:

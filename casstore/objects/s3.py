@@ -820,9 +820,4 @@ class S3Objects(ObjectStore):
         return {d for d in found if d.hex[2:] in want.get(d.hex[:2], ())}
 
     def __repr__(self) -> str:
-        return f"S3Objects({conn_url(self.connection, self.prefix)!r})"
-
-
-def conn_url(conn: S3Connection, prefix: str) -> str:
-    """``s3://bucket/prefix`` of a connection and key prefix."""
-    return f"s3://{conn.bucket}/{prefix}"
+        return f"S3Objects('s3://{self.connection.bucket}/{self.prefix}')"

@@ -1,0 +1,273 @@
+"""Hostile remotes (issue 11): a remote can serve anything under any key; a pull must store none of it.
+
+Each test builds the hostile remote state by hand with a plain boto3 client
+(tests/_seaweed.py ``put_key``: no casstore code writes it), then calls the
+public API (``Store.pull``, ``Store.fetch_object``, ``Remote.objects`` /
+``Remote.refs``) and, where it matters, the CLI.  What must hold:
+
+* a head or pin whose manifest (or any version in its history) has a
+  traversal, absolute, empty-segment, ``.``, NUL or non-string key, or a
+  malformed entry, is refused with StoreFormatError and nothing of it is
+  stored: no ref, no version, no object of its closure (the objects
+  directory is compared before and after), no staging file left;
+* an object whose bytes do not match its key is refused with IntegrityError,
+  and so is one larger than its manifest records (read no further than that);
+* a ref key holding garbage is a StoreFormatError naming the key;
+* keys that are not casstore keys (in ``objects/`` or ``refs/``) are ignored by listings.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import _seaweed
+import blake3
+import msgpack
+import pytest
+from _seaweed import put_key, put_object_bytes
+
+import casstore
+from casstore.sync import add_remote
+
+aws_credentials = _seaweed.aws_credentials
+seaweed = _seaweed.seaweed
+remote = _seaweed.remote
+remote_url = _seaweed.remote_url
+
+MiB = 1 << 20
+
+
+def hexof(data: bytes) -> str:
+    return blake3.blake3(data).hexdigest()
+
+
+def manifest_bytes(entries: Dict[Any, Any], parent: Optional[str] = None, meta: Optional[Dict[str, Any]] = None,
+                   ) -> bytes:
+    """A manifest version built by hand (the format of docs/format.md, canonical key order where sortable)."""
+    try:
+        entries = dict(sorted(entries.items()))
+    except TypeError:  # mixed key types: leave the order as given
+        pass
+    return msgpack.packb({"casstore": "manifest", "entries": entries, "meta": meta or {},
+                          "parent": bytes.fromhex(parent) if parent else None, "v": 1}, use_bin_type=True)
+
+
+def entry(data: bytes) -> List[Any]:
+    return [bytes.fromhex(hexof(data)), len(data)]
+
+
+def object_files(store: casstore.Store) -> List[str]:
+    """Every file under the store's objects/ (relative), sorted."""
+    base = store.root / "objects"
+    return sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file())
+
+
+def assert_nothing_stored(store: casstore.Store, before: List[str]) -> None:
+    assert object_files(store) == before, "the hostile pull stored objects"
+    assert store.heads() == {} and store.pins() == {}
+    assert os.listdir(store.root / "tmp") == []
+
+
+def publish_hostile(seaweed: Any, url: str, kind: str, name: str, bad_version: bytes,
+                    good_history: bool = False) -> Tuple[str, List[str]]:
+    """Upload a version's content objects, the version, and a ref to it (or to a good child of it).
+
+    Returns (hex of the version the ref names, hex of every content object uploaded).
+    """
+    client = seaweed.client()
+    payloads = [b"payload one " * 100, b"payload two " * 100]
+    content = [put_object_bytes(client, url, p) for p in payloads]
+    top = put_object_bytes(client, url, bad_version)
+    if good_history:  # a valid version on top, whose parent is the hostile one
+        good = manifest_bytes({"fine.txt": entry(payloads[0])}, parent=top)
+        top = put_object_bytes(client, url, good)
+    put_key(client, url, f"refs/{kind}/{name}", f"blake3:{top}\n".encode())
+    return top, content
+
+
+PAYLOAD = entry(b"payload one " * 100)
+HOSTILE_MANIFESTS = {
+    "traversal": {"../outside.txt": PAYLOAD},
+    "traversal-inside": {"data/../../outside.txt": PAYLOAD},
+    "absolute": {"/etc/cron.d/evil": PAYLOAD},
+    "nul": {"data/a\x00b": PAYLOAD},
+    "empty-segment": {"data//x": PAYLOAD},
+    "dot-segment": {"./x": PAYLOAD},
+    "backslash": {"..\\windows": PAYLOAD},
+    "bytes-key": {b"bytes-key": PAYLOAD},
+    "int-key": {7: PAYLOAD},
+    "entry-not-a-list": {"x": "blake3:" + "0" * 64},
+    "entry-short-digest": {"x": [b"\x01" * 31, 5]},
+    "entry-str-size": {"x": [PAYLOAD[0], "5"]},
+    "entry-bool-size": {"x": [PAYLOAD[0], True]},
+    "entry-negative-size": {"x": [PAYLOAD[0], -1]},
+    "entry-too-long": {"x": [PAYLOAD[0], 5, {}, "extra"]},
+    "entry-meta-not-a-map": {"x": [PAYLOAD[0], 5, [1, 2]]},
+}
+
+
+@pytest.mark.parametrize("kind", ["heads", "pins"])
+@pytest.mark.parametrize("case", sorted(HOSTILE_MANIFESTS))
+def test_pull_refuses_a_hostile_manifest_and_stores_nothing(tmp_path: Path, remote: casstore.Remote,
+                                                            seaweed: Any, case: str, kind: str) -> None:
+    # A good name on the same remote: a pull of everything must not store it either.
+    a = casstore.open(tmp_path / "a")
+    with a.edit("good") as m:
+        m["k"] = a.put(b"good content")
+    a.push(remote, "good")
+    entries = dict(HOSTILE_MANIFESTS[case])
+    entries.setdefault("ok.txt", entry(b"payload two " * 100))
+    bad = manifest_bytes(entries)
+    top, _content = publish_hostile(seaweed, remote.url, kind, "evil", bad)
+    b = casstore.open(tmp_path / "b")
+    before = object_files(b)
+    with pytest.raises(casstore.StoreFormatError) as ei:
+        b.pull(remote, "evil")
+    assert top[:12] in str(ei.value), str(ei.value)  # the message names the version
+    assert_nothing_stored(b, before)
+    with pytest.raises(casstore.StoreFormatError):
+        b.pull(remote)  # everything: the good head is refused with it (nothing of this pull is stored)
+    assert_nothing_stored(b, before)
+
+
+def test_pull_refuses_a_head_whose_history_holds_a_hostile_version(tmp_path: Path, remote: casstore.Remote,
+                                                                   seaweed: Any) -> None:
+    bad = manifest_bytes({"../../escape": PAYLOAD})
+    top, _ = publish_hostile(seaweed, remote.url, "heads", "h", bad, good_history=True)
+    b = casstore.open(tmp_path / "b")
+    before = object_files(b)
+    with pytest.raises(casstore.StoreFormatError, match="escape"):
+        b.pull(remote, "h")
+    assert_nothing_stored(b, before)
+    assert casstore.Digest.parse("blake3:" + top) not in b  # not even the good child version
+
+
+def test_cli_pull_of_a_hostile_head_is_one_line_and_stores_nothing(tmp_path: Path, remote: casstore.Remote,
+                                                                  seaweed: Any) -> None:
+    publish_hostile(seaweed, remote.url, "heads", "evil", manifest_bytes({"/abs": PAYLOAD}))
+    b = casstore.open(tmp_path / "b")
+    add_remote(b, "origin", remote.url, endpoint_url=seaweed.endpoint)
+    before = object_files(b)
+    r = subprocess.run([sys.executable, "-m", "casstore.cli", "--store", str(b.root), "pull", "origin", "evil"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr and "'/abs'" in r.stderr, r.stderr
+    assert_nothing_stored(b, before)
+
+
+@pytest.mark.parametrize("what", ["content", "version"])
+def test_object_bytes_that_do_not_match_the_key_are_refused(tmp_path: Path, remote: casstore.Remote,
+                                                             seaweed: Any, what: str) -> None:
+    client = seaweed.client()
+    good = b"the real bytes " * 50
+    version = manifest_bytes({"x": entry(good)})
+    vhex = hexof(version)
+    if what == "content":
+        put_object_bytes(client, remote.url, b"other bytes " * 50, under=hexof(good))
+        put_object_bytes(client, remote.url, version)
+        wrong = hexof(good)
+    else:
+        put_object_bytes(client, remote.url, good)
+        put_object_bytes(client, remote.url, manifest_bytes({"y": entry(good)}), under=vhex)
+        wrong = vhex
+    put_key(client, remote.url, "refs/heads/h", f"blake3:{vhex}\n".encode())
+    b = casstore.open(tmp_path / "b")
+    with pytest.raises(casstore.IntegrityError) as ei:
+        b.pull(remote, "h")
+    assert wrong in str(ei.value) and remote.objects.key(casstore.Digest(wrong)) in str(ei.value)
+    d = casstore.Digest(wrong)
+    assert d not in b and b.heads() == {} and os.listdir(b.root / "tmp") == []
+    for name in object_files(b):  # whatever did arrive is what its name says
+        b.get(casstore.Digest(name.replace("/", "")))
+    with pytest.raises(casstore.IntegrityError):
+        b.fetch_object(d, remotes=[remote])
+    assert d not in b
+    with pytest.raises(casstore.IntegrityError):
+        remote.objects.read(d)
+
+
+@pytest.mark.parametrize("recorded", [10, 9 * MiB], ids=["small", "multipart"])
+def test_object_larger_than_recorded_is_refused_unread(tmp_path: Path, remote: casstore.Remote, seaweed: Any,
+                                                       recorded: int) -> None:
+    """The manifest records ``recorded`` bytes; the key holds more (different) bytes: refused, not downloaded."""
+    client = seaweed.client()
+    good = os.urandom(recorded)
+    put_object_bytes(client, remote.url, os.urandom(recorded + 3 * MiB), under=hexof(good))
+    version = manifest_bytes({"x": entry(good)})
+    put_object_bytes(client, remote.url, version)
+    put_key(client, remote.url, "refs/heads/h", f"blake3:{hexof(version)}\n".encode())
+    b = casstore.open(tmp_path / "b")
+    remote.requests.clear()
+    with pytest.raises(casstore.IntegrityError, match=f"larger .* than the {recorded} bytes"):
+        b.pull(remote, "h")
+    # Two ref reads, the version, and at most one (bounded) read of the object: no ranged download.
+    assert remote.requests["GetObject"] <= 4, remote.requests
+    d = casstore.Digest(hexof(good))
+    assert d not in b and b.heads() == {} and os.listdir(b.root / "tmp") == []
+
+
+def test_object_smaller_than_recorded_with_wrong_bytes_is_refused(tmp_path: Path, remote: casstore.Remote,
+                                                                  seaweed: Any) -> None:
+    client = seaweed.client()
+    good = os.urandom(5000)
+    put_object_bytes(client, remote.url, good[:100], under=hexof(good))
+    version = manifest_bytes({"x": entry(good)})
+    put_object_bytes(client, remote.url, version)
+    put_key(client, remote.url, "refs/pins/p", f"blake3:{hexof(version)}\n".encode())
+    b = casstore.open(tmp_path / "b")
+    with pytest.raises(casstore.IntegrityError, match="corrupt"):
+        b.pull(remote, "p")
+    assert casstore.Digest(hexof(good)) not in b and b.pins() == {}
+
+
+@pytest.mark.parametrize("body", [b"not a digest\n", b"blake3:" + b"z" * 64, b"\xff\xfe binary", b"",
+                                  b"blake3:" + b"0" * 64 + b"\n" + b"x" * 1000],
+                         ids=["text", "bad-hex", "binary", "empty", "too-long"])
+def test_garbage_ref_is_a_store_format_error_naming_the_key(tmp_path: Path, remote: casstore.Remote,
+                                                            seaweed: Any, body: bytes) -> None:
+    key = put_key(seaweed.client(), remote.url, "refs/heads/junk", body)
+    b = casstore.open(tmp_path / "b")
+    for call in (lambda: b.pull(remote, "junk"), lambda: b.pull(remote), lambda: remote.refs.read("heads", "junk"),
+                 lambda: remote.refs.list("heads")):
+        with pytest.raises(casstore.StoreFormatError) as ei:
+            call()
+        assert f"s3://{_seaweed.BUCKET}/{key}" in str(ei.value)
+    assert b.heads() == {} and object_files(b) == []
+
+
+def test_listings_ignore_keys_that_are_not_casstore_keys(tmp_path: Path, remote: casstore.Remote,
+                                                         seaweed: Any) -> None:
+    a = casstore.open(tmp_path / "a")
+    with a.edit("h") as m:
+        m["k"] = a.put(b"real content")
+    a.push(remote, "h")
+    real_objects = sorted(remote.objects.iter_digests())
+    client = seaweed.client()
+    h = "ab" + "c" * 62
+    strays = ["objects/README", "objects/zz/" + "0" * 62, "objects/ab/short", f"objects/{h[:2]}/{h[2:]}.zst",
+              f"objects/{h[:2]}{h[2:]}", f"objects/{h[:2]}/{h[2:]}/more", "objects/AB/" + "c" * 62,
+              "refs/heads/bad:name", "refs/heads/dir/", "refs/other/x", "refs/pins"]
+    for rel in strays:
+        put_key(client, remote.url, rel, f"blake3:{real_objects[0].hex}\n".encode())
+    assert sorted(remote.objects.iter_digests()) == real_objects
+    assert [i.digest for i in remote.objects.iter_info()] == real_objects
+    assert remote.refs.list("heads") == {"h": a.heads()["h"]}
+    assert remote.refs.list("pins") == {}
+    assert remote.objects.present([*real_objects, casstore.Digest(h)]) == set(real_objects)
+    b = casstore.open(tmp_path / "b")
+    rep = b.pull(remote)
+    assert rep.refs == {"heads/h": "created"}
+    assert sorted(b.iter_objects()) == real_objects
+
+
+@pytest.mark.xfail(strict=True, reason="casstore.refs.validate_name does not refuse control characters yet "
+                                       "(manifests.model.validate_key does); issue 11 class 7")
+def test_ref_names_with_control_characters_are_not_refs(remote: casstore.Remote, seaweed: Any) -> None:
+    d = casstore.Digest.of(b"x")
+    put_key(seaweed.client(), remote.url, "refs/heads/ctl\x01name", f"{d}\n".encode())
+    put_key(seaweed.client(), remote.url, "refs/heads/ok", f"{d}\n".encode())
+    assert remote.refs.list("heads") == {"ok": d}
