@@ -52,7 +52,7 @@ import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Dict, List, Mapping, NamedTuple, Optional, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Set, Tuple, Union
 
 from .._faults import fault
 from .._fs import process_token, sweep_stale
@@ -86,8 +86,6 @@ DEFAULT_GRACE = 3600.0
 """Seconds within which a written or re-put object is kept whatever references it."""
 DEFAULT_KEEP_HISTORY = 5
 """Versions kept behind each head's current one."""
-
-JSONDict = Dict[str, object]
 
 
 # -- plans ------------------------------------------------------------------------------------
@@ -139,7 +137,7 @@ class GCResult:
     """Planned files that had disappeared before execute reached them."""
     seconds: float
 
-    def to_dict(self) -> JSONDict:
+    def to_dict(self) -> Dict[str, Any]:
         """JSON-able form."""
         return {"deleted": len(self.deleted), "freed_bytes": self.freed_bytes,
                 "skipped": {str(k): v for k, v in self.skipped.items()}, "already_gone": self.already_gone,
@@ -258,9 +256,9 @@ class GCPlan:
                 f"or fresh (written within {_ago(self.grace)}); pinned and head-referenced data is never evicted "
                 "-- unpin or remove names, lower keep_history, or raise the limit")
 
-    def to_dict(self, *, objects: bool = False) -> JSONDict:
+    def to_dict(self, *, objects: bool = False) -> Dict[str, Any]:
         """JSON-able form; ``objects=True`` lists every digest with its reason."""
-        doc: JSONDict = {
+        doc: Dict[str, Any] = {
             "objects": len(self.objects),
             "files": len(self.files),
             "expired_versions": len({f.hex for f in self.files if f.kind == "version"}),
@@ -544,7 +542,7 @@ class LimitResult:
         """Digests deleted (or, in a dry run, that would be)."""
         return self.result.deleted if self.result is not None else self.plan.objects
 
-    def to_dict(self) -> JSONDict:
+    def to_dict(self) -> Dict[str, Any]:
         """JSON-able form."""
         return {"max_bytes": self.max_bytes, "stored_bytes_before": self.stored_bytes_before,
                 "stored_bytes_after": self.stored_bytes_after, "met": self.met, "evicted": len(self.evicted),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Set, Tuple
 
 from ..codecs import CODECS
 from ..digest import Digest
@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     from ..store import Store
 
 __all__ = ["Usage", "NameUsage", "usage"]
-
-JSONDict = Dict[str, object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +46,7 @@ class NameUsage:
     missing: int
     """Entries whose object is not in the store."""
 
-    def to_dict(self) -> JSONDict:
+    def to_dict(self) -> Dict[str, Any]:
         """JSON-able form."""
         return {"name": self.name, "kind": self.kind, "version": str(self.version), "entries": self.entries,
                 "logical_bytes": self.logical_bytes, "objects": self.objects, "stored_bytes": self.stored_bytes,
@@ -82,9 +80,9 @@ class Usage:
     """Object files per codec name (``"raw"``, ``"zstd"``)."""
     by_name: Tuple[NameUsage, ...]
 
-    def to_dict(self) -> JSONDict:
+    def to_dict(self) -> Dict[str, Any]:
         """JSON-able form."""
-        doc: JSONDict = {k: getattr(self, k) for k in (
+        doc: Dict[str, Any] = {k: getattr(self, k) for k in (
             "objects", "files", "logical_bytes", "stored_bytes", "compression_ratio", "referenced_bytes",
             "dedupe_savings", "unreferenced_objects", "unreferenced_bytes", "versions")}
         doc["codecs"] = dict(self.codecs)

@@ -45,7 +45,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
 
 import msgpack
 
@@ -70,7 +70,6 @@ __all__ = ["VerifyReport", "verify", "STATE_FILE"]
 STATE_FILE = "verify.msgpack"
 """The incremental record, under ``<root>/state``."""
 
-JSONDict = Dict[str, object]
 StateRecord = List[object]
 """``[size, mtime_ns, inode, verified_at]`` of one object file."""
 
@@ -145,7 +144,7 @@ class VerifyReport:
                          "and remove stale staging files")
         return "\n".join(lines)
 
-    def to_dict(self) -> JSONDict:
+    def to_dict(self) -> Dict[str, Any]:
         """JSON-able form."""
         return {
             "ok": self.ok,
