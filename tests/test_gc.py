@@ -16,7 +16,7 @@ from typing import Dict, List, Set
 import pytest
 
 import casstore
-from casstore.errors import IntegrityError, InvalidInputError, ObjectNotFoundError
+from casstore.errors import IntegrityError, InvalidInputError, InvalidTypeError, ObjectNotFoundError
 from casstore.maintenance import parse_duration, parse_size
 
 HOUR = 3600.0
@@ -342,3 +342,17 @@ def test_usage_counts_bytes_compression_and_dedupe(store: casstore.Store) -> Non
     assert by["a"].entries == 3 and by["a"].logical_bytes == 23_000
     assert by["a"].exclusive_bytes == 3000 + sizes[va].stored_size  # 'shared' is b's too
     assert by["b"].stored_bytes == 10_000 + sizes[z].stored_size + sizes[vb].stored_size
+
+
+def test_wrong_types_and_values_are_typed_errors(store: casstore.Store) -> None:
+    build(store, versions=3)
+    for bad, err in [("5", InvalidTypeError), (True, InvalidTypeError), (1.5, InvalidTypeError),
+                     (-1, InvalidInputError)]:
+        with pytest.raises(err, match="keep_history"):
+            store.plan_gc(keep_history=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="grace"):
+        store.plan_gc(grace=[1])  # type: ignore[arg-type]
+    for cap in (float("inf"), float("nan"), -1, "lots"):
+        with pytest.raises(InvalidInputError, match="max_bytes"):
+            store.limit(cap)  # type: ignore[arg-type]
+    assert len(object_hexes(store.root)) == 3 + 3 + 5  # nothing was collected by a refused call

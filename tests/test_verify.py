@@ -293,3 +293,15 @@ def test_a_wrong_size_in_a_manifest_never_quarantines_good_bytes(store: casstore
     assert d not in rep.corrupt
     assert store.get(d) == b"twenty-three bytes long"  # still there, not moved to bad/
     assert d in store.verify(fast=True).corrupt  # the fast check can only suspect it
+
+
+def test_wrong_types_and_values_are_typed_errors(populated: casstore.Store) -> None:
+    from casstore.errors import InvalidInputError, InvalidTypeError
+
+    for bad, err in [(0, InvalidInputError), (-2, InvalidInputError), ("2", InvalidTypeError),
+                     (True, InvalidTypeError)]:
+        with pytest.raises(err, match="workers"):
+            populated.verify(workers=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="recheck_after"):
+        populated.verify(incremental=True, recheck_after="soon")
+    assert not (populated.root / "state" / "verify.msgpack").exists()  # refused before doing anything

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 from ..digest import Digest
-from ..errors import IntegrityError, InvalidInputError, ObjectNotFoundError, StoreFormatError
+from ..errors import IntegrityError, InvalidInputError, InvalidTypeError, ObjectNotFoundError, StoreFormatError
 from ..manifests.model import ManifestDoc, load_manifest, read_parent
 from ..objects.base import ObjectStore
 from ..refs.base import RefStore
@@ -117,8 +117,11 @@ class Live:
 
 def compute_live(objects: ObjectStore, refs: RefStore, keep_history: int) -> Live:
     """Read every ref and return the closure of the roots (see :mod:`casstore.maintenance.gc`)."""
-    if isinstance(keep_history, bool) or not isinstance(keep_history, int) or keep_history < 0:
-        raise InvalidInputError(f"keep_history must be a non-negative int, not {keep_history!r}")
+    if isinstance(keep_history, bool) or not isinstance(keep_history, int):
+        raise InvalidTypeError(f"keep_history must be an int (versions kept behind each head), "
+                               f"not {type(keep_history).__name__}")
+    if keep_history < 0:
+        raise InvalidInputError(f"keep_history must not be negative, not {keep_history!r}")
     g = Graph(objects)
     out = Live(graph=g)
     # Heads before pins: freeze writes the pin before removing the head, so a

@@ -55,7 +55,7 @@ from .._progress import Progress, human_bytes
 from .._shared import STATE
 from ..codecs import ZSTD, Codec
 from ..digest import Digest, hash_bytes, hash_fd, new_hasher
-from ..errors import IntegrityError, ObjectNotFoundError, StoreFormatError
+from ..errors import IntegrityError, InvalidInputError, InvalidTypeError, ObjectNotFoundError, StoreFormatError
 from ..objects.local import LocalObjects, ObjFile
 from ..objects.reader import open_object_file
 from .durations import Duration, parse_duration
@@ -319,11 +319,15 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
     threads on big files).  ``progress``: a bar on stderr; ``None`` = only when
     stderr is a terminal.
     """
+    if isinstance(workers, bool) or not isinstance(workers, int):
+        raise InvalidTypeError(f"workers must be an int (hashing threads), not {type(workers).__name__}")
+    if workers < 1:
+        raise InvalidInputError(f"workers must be at least 1, not {workers}")
+    recheck = parse_duration(recheck_after, "recheck_after")
     t0 = time.monotonic()
     now = time.time()
     root = store.root
     objects = store.objects
-    recheck = parse_duration(recheck_after, "recheck_after")
     files, strays = objects.scan()
     stale = stale_entries(objects.tmp, now=now)
 
@@ -479,9 +483,9 @@ def _check_all(todo: List[ObjFile], expected: Mapping[str, int], fast: bool, wor
     results: Dict[str, _Check] = {}
     total = len(todo) if fast else sum(f.size for f in todo)
     with Progress(total, desc="verify", unit="files" if fast else "B", enabled=progress) as bar:
-        big = [] if fast or workers < 1 else [f for f in todo if f.size >= _SMALL]
+        big = [] if fast else [f for f in todo if f.size >= _SMALL]
         small = todo if not big else [f for f in todo if f.size < _SMALL]
-        with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="casstore-verify") as ex:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="casstore-verify") as ex:
             futs: List[Tuple[ObjFile, Future[_Check]]] = [
                 (f, ex.submit(_check_file, f, expected.get(f.hex), False)) for f in big]
             for f in small:
