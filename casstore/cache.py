@@ -32,6 +32,7 @@ How it is built (the reasons are in docs/index-cache.md):
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import mmap
@@ -39,6 +40,7 @@ import operator
 import os
 import secrets
 import shutil
+import stat
 import struct
 import sys
 import threading
@@ -46,21 +48,22 @@ import time
 import weakref
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, TypedDict, Union
 from zlib import crc32 as _crc32
 
 import blake3
 
-from ._fs import copy_range, process_token
+from ._faults import fault
+from ._fs import copy_range, disk_full, process_token
 from ._fs import pwrite_all as _pwrite_all
 from ._lock import DEFAULT_TIMEOUT
-from .digest import Digest
+from .digest import Digest, hash_fd
 from .errors import (
     CacheIndexError,
     CasstoreError,
-    CompressedObjectError,
     FrozenError,
     IntegrityError,
+    InvalidDigestError,
     InvalidInputError,
     InvalidTypeError,
     LockTimeout,
@@ -68,14 +71,18 @@ from .errors import (
     ReadOnlyError,
     StoreFormatError,
 )
+from .manifests import pin, read_manifest
+from .manifests.model import Entry, encode_manifest
+from .objects import LocalObjects
+from .objects.reader import open_object_file
 from .refs import validate_name
-from .digest import hash_fd as _hash_fd  # TRANSITIONAL
-from .store import Store, open_store
 
 if TYPE_CHECKING:
     import numpy as np  # imported where needed: ``import casstore`` stays numpy-free
 
-__all__ = ["IndexCache", "CacheIndexError", "FORMAT", "KIND", "ENTRY_KEY", "VERIFY_MODES"]
+    from .store import Store
+
+__all__ = ["IndexCache", "CacheIndexError", "CacheInfo", "FORMAT", "KIND", "ENTRY_KEY", "VERIFY_MODES"]
 
 log = logging.getLogger("casstore.cache")
 
@@ -121,13 +128,23 @@ _K = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F1656
 _SLOT_FIELDS = [("off", "<u8"), ("end", "<u8"), ("sum", "<u8"), ("meta", "<u8")]
 _LITTLE = sys.byteorder == "little"
 
-# Test-only fault injection: called at named points (tests SIGKILL the process there).
-_fault_hook: Optional[Callable[[str], None]] = None
+_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 
-def _fault(point: str) -> None:
-    if _fault_hook is not None:
-        _fault_hook(point)
+class CacheInfo(TypedDict):
+    """What :meth:`IndexCache.info` reports (JSON-able)."""
+
+    name: Optional[str]
+    digest: Optional[str]
+    manifest: Optional[str]
+    length: int
+    records: int
+    bytes: int
+    frozen: bool
+    verify: str
+    file: Optional[str]
+    file_bytes: Optional[int]
+    format: int
 
 
 def _tag(i: int, off: int, end: int, s: int, lo: int) -> int:
@@ -199,12 +216,48 @@ def _remove_tree(path: str, owner: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _as_store(store: Union[Store, str, os.PathLike[str]]) -> Store:
-    if isinstance(store, Store):
-        return store
-    if isinstance(store, (str, os.PathLike)):
-        return open_store(store)
-    raise InvalidTypeError(f"IndexCache needs a casstore.Store or a store path, not {type(store).__name__}")
+def _check_store(store: object) -> Store:
+    """``store`` if it is a store (anything whose ``objects`` is the local object layer)."""
+    if isinstance(getattr(store, "objects", None), LocalObjects):
+        return store  # type: ignore[return-value]  # the facade is only a type here (layer rule)
+    hint = " (open it first: casstore.open(path))" if isinstance(store, (str, os.PathLike)) else ""
+    raise InvalidTypeError(f"IndexCache needs a casstore.Store{hint}, not {type(store).__name__}")
+
+
+def _reserve(fd: int, size: int, where: Path) -> None:
+    """Give the file ``size`` bytes of real disk blocks before it is memory-mapped for writing.
+
+    Hazard (issue 11): a store of a sparse file's pages through a shared map
+    allocates blocks at the moment of the store; on a full disk the kernel
+    can only answer with SIGBUS, which kills the process.  Reserved blocks
+    make a full disk an ENOSPC here, as a :class:`~casstore.errors.DiskFullError`.
+    (On copy-on-write filesystems a reservation is weaker; they are rare
+    homes for a store's ``tmp/``.)
+    """
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return
+    except OSError as e:
+        if e.errno == errno.EFBIG:
+            raise InvalidInputError(f"an index cache of {size:,} index bytes is too large for {where}") from None
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise disk_full(e, where, "reserving an index cache's index") from None
+    zeros = bytes(min(size, 1 << 20))  # no fallocate here: write the blocks instead
+    for off in range(0, size, len(zeros)):
+        _pwrite_all(fd, zeros[: size - off], off)
+
+
+def _open_private(path: Path) -> int:
+    """Open a file of a live cache's own directory read-only, never following a link or blocking."""
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IntegrityError(f"index cache file {path} is not a regular file; create a new cache")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class _Proc:
@@ -245,8 +298,11 @@ class IndexCache:
         cache.preserve("imagenet-train-v1")      # one object, pinned under a name
         cache = casstore.IndexCache.open(store, "imagenet-train-v1")   # next run
 
-    * ``store``: a :class:`~casstore.Store` (or a path to open one).  The live cache
-      lives in the store's ``tmp/`` and dies with the process that created it.
+    * ``store``: a :class:`~casstore.Store` (``casstore.open(path)``).  The live cache
+      lives in the store's ``tmp/`` and dies with the process that created it.  Its
+      index is reserved on disk up front (32 bytes per index), so a full disk is a
+      :class:`~casstore.errors.DiskFullError` from the constructor or ``put``, never a
+      SIGBUS; once space is freed the cache (and the store) work on.
     * ``max_bytes``: once the payload bytes would exceed it, ``put`` stores nothing and
       returns False (smaller records may still fit).  ``None``: no limit.
     * ``verify``: ``"full"`` (default) checks every record's checksum on every ``get``
@@ -272,29 +328,35 @@ class IndexCache:
     _imm: Any
     _finalizer: Optional[weakref.finalize[Any, Any]]
 
-    def __init__(self, store: Union[Store, str, os.PathLike[str]], length: int, *,
+    def __init__(self, store: Store, length: int, *,
                  max_bytes: Optional[int] = None, verify: str = "full",
                  lock_timeout: Optional[float] = DEFAULT_TIMEOUT) -> None:
-        self._init_fields(_as_store(store), length, max_bytes, verify, lock_timeout)
-        root_tmp = self.store.root / "tmp"
+        self._init_fields(_check_store(store), length, max_bytes, verify, lock_timeout)
+        root_tmp = self.store.objects.tmp
         d = root_tmp / f"{process_token()}.{secrets.token_hex(8)}.icache"
         try:
             os.mkdir(d, 0o700)
-        except PermissionError as e:
-            raise ReadOnlyError(
-                f"cannot create an index cache in {root_tmp}: {e.strerror}; open a writable store "
-                "(IndexCache.open(store, name) reads a preserved cache from a read-only store)"
-            ) from None
+        except OSError as e:
+            if isinstance(e, PermissionError) or e.errno == errno.EROFS:
+                raise ReadOnlyError(
+                    f"cannot create an index cache in {root_tmp}: {e.strerror}; open a writable store "
+                    "(IndexCache.open(store, name) reads a preserved cache from a read-only store)"
+                ) from None
+            raise disk_full(e, root_tmp, "creating an index cache") from None
         self._dir = d
         self._owner = os.getpid()
         self._finalizer = weakref.finalize(self, _remove_tree, str(d), self._owner)
         try:
             fd = os.open(d / "index", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             self._ifd = fd
-            os.ftruncate(fd, _HDR + _SLOT_SIZE * self.length)  # sparse: zero slots are empty
-            os.pwrite(fd, _INDEX_HEADER.pack(_INDEX_MAGIC, FORMAT, 0, self.length, 0, 0, 0), 0)
+            # Zero slots are empty; the blocks are reserved, not left sparse (see _reserve: SIGBUS).
+            _reserve(fd, _HDR + _SLOT_SIZE * self.length, d)
+            _pwrite_all(fd, _INDEX_HEADER.pack(_INDEX_MAGIC, FORMAT, 0, self.length, 0, 0, 0), 0)
             self._imm = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             os.close(os.open(d / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        except OSError as e:
+            self.close()
+            raise disk_full(e, root_tmp, "creating an index cache") from None
         except BaseException:
             self.close()
             raise
@@ -345,8 +407,7 @@ class IndexCache:
     # -- opening a preserved cache --------------------------------------------------
 
     @classmethod
-    def open(cls, store: Union[Store, str, os.PathLike[str]], target: Union[str, Digest], *,
-             verify: str = "full") -> IndexCache:
+    def open(cls, store: Store, target: Union[str, Digest], *, verify: str = "full") -> IndexCache:
         """Map a cache kept by :meth:`preserve`: frozen, lock-free, nothing rebuilt.
 
         ``target`` is the pin name given to ``preserve``, a manifest version digest, or the
@@ -354,25 +415,42 @@ class IndexCache:
         ``"open"`` the whole object is hashed once and compared with its digest
         (:class:`~casstore.IntegrityError` on a mismatch); ``"record"`` checks only the
         table here and each record when read.  A name that is not an index cache raises
-        :class:`~casstore.InvalidInputError`; a missing name
-        :class:`~casstore.ObjectNotFoundError`.
+        :class:`~casstore.InvalidInputError`; a missing name or object (collected by gc or
+        ``limit`` even while this runs) :class:`~casstore.ObjectNotFoundError`; an object
+        file that is not a regular file (a planted FIFO, device or link)
+        :class:`~casstore.IntegrityError` at once.
         """
-        st = _as_store(store)
+        st = _check_store(store)
         if verify not in VERIFY_MODES:
             raise InvalidInputError(f"verify must be one of {', '.join(VERIFY_MODES)}, not {verify!r}")
+        if not isinstance(target, (str, Digest)):
+            raise InvalidTypeError(f"IndexCache.open() takes a name or a digest, not {type(target).__name__}")
         what = repr(target) if isinstance(target, str) else str(target)
         length: Optional[int] = None
         manifest_digest: Optional[Digest] = None
         name: Optional[str] = None
-        man: Any = None
-        try:
-            man = st.manifest(target)
-        except StoreFormatError:
-            # Not a manifest: perhaps the cache object itself (preserve's return value).
-            if not (isinstance(target, Digest) or str(target).startswith("blake3:")):
+        digest: Optional[Digest] = None
+        version: Union[str, Digest] = target
+        if isinstance(target, Digest) or target.startswith("blake3:"):
+            try:
+                version = Digest.coerce(target)
+            except InvalidDigestError:  # a unique prefix
+                version = st.objects.resolve(target)
+            # The cache object itself (preserve's return value) is recognized by its first
+            # bytes: never read a cache of many GB into memory to find it is not a manifest.
+            with st.objects.open(version, verify=False) as f:
+                if f.read(len(_FILE_MAGIC)) == _FILE_MAGIC:
+                    digest = version
+        if digest is None:
+            try:
+                man = read_manifest(st, version)
+            except StoreFormatError:
+                if isinstance(version, Digest):
+                    raise InvalidInputError(
+                        f"{what} is not an index cache: object {version} is neither an index cache file "
+                        "nor a manifest; IndexCache.open needs a name or digest made by IndexCache.preserve"
+                    ) from None
                 raise
-            digest = st.resolve(str(target))
-        else:
             kind = man.meta.get("kind")
             if kind != KIND or ENTRY_KEY not in man:
                 raise InvalidInputError(
@@ -389,20 +467,22 @@ class IndexCache:
             length = lv if isinstance(lv, int) else None
             manifest_digest = man.digest
             name = man.name
-        try:
-            path = st.path(digest)
-        except CompressedObjectError:
+        loc = st.objects.locate(digest)
+        if not loc.codec.byte_exact:
             raise StoreFormatError(
-                f"index cache {what}: object {digest} is stored zstd-compressed and cannot be memory-mapped; "
-                "store it raw again (casstore get it and put it with compress=False)"
-            ) from None
+                f"index cache {what}: object {digest} is stored {loc.codec.name}-compressed and cannot be "
+                "memory-mapped; store it raw again (casstore get it and put it with compress=False)"
+            )
+        # Through the object layer: O_NOFOLLOW | O_NONBLOCK and a regular file, or a typed error.
+        fd, _ = open_object_file(loc.path, digest)
         self = cls.__new__(cls)
         self._init_fields(st, 0, None, verify, DEFAULT_TIMEOUT)
         self.name = name
         self.digest = digest
         self._manifest_digest = manifest_digest
-        self._map_frozen(path, whole=digest if verify in ("full", "open") else None,
-                         check=verify != "open", what=f"index cache {what}", require_magic=man is None)
+        path = Path(loc.path)
+        self._map_frozen(fd, path, whole=digest if verify in ("full", "open") else None,
+                         check=verify != "open", what=f"index cache {what}")
         if length is not None and length != self.length:
             self.close()
             raise IntegrityError(f"index cache {what}: its manifest says length {length}, its file {path} "
@@ -466,7 +546,7 @@ class IndexCache:
             else:
                 _pwrite_all(p.wfd, data, off)
             p.wend = off + n
-            _fault("put:after-data")
+            fault("cache.put_after_data")
             self._lock(p)
             try:
                 if mm[_FLAGS_AT] & _FROZEN_FLAG:
@@ -479,9 +559,9 @@ class IndexCache:
                 lo = fl | (p.wno << 8)
                 mm[_FLAGS_AT] |= _DIRTY_FLAG
                 _SLOT28.pack_into(mm, base, off, off + n, s, lo)
-                _fault("put:torn-slot")
+                fault("cache.put_torn_slot")
                 _U32.pack_into(mm, base + 28, _tag(i, off, off + n, s, lo))  # the slot is valid from here
-                _fault("put:after-slot")
+                fault("cache.put_after_slot")
                 _U64.pack_into(mm, _TOTAL_AT, total + n)
                 _U64.pack_into(mm, _COUNT_AT, _U64.unpack_from(mm, _COUNT_AT)[0] + 1)
                 mm[_FLAGS_AT] &= ~_DIRTY_FLAG
@@ -620,8 +700,17 @@ class IndexCache:
             _U32.pack_into(mm, _NEXT_AT, k + 1)
         finally:
             fcntl.flock(p.lock_fd, fcntl.LOCK_UN)
-        fd = os.open(self._dir / f"data.{k}", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        os.pwrite(fd, _FILE_HEADER.pack(_FILE_MAGIC, FORMAT), 0)
+        path = self._dir / f"data.{k}"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise disk_full(e, self._dir, "creating an index cache data file") from None
+        try:
+            _pwrite_all(fd, _FILE_HEADER.pack(_FILE_MAGIC, FORMAT), 0)
+        except BaseException:  # a full disk: the number k stays unused, the next put tries again
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
         p.wfd, p.wno, p.wend = fd, k, _HDR
 
     def _read_fd(self, fno: int) -> int:
@@ -652,7 +741,9 @@ class IndexCache:
         writes the frozen file (canonical layout: the same records always give the same
         bytes), later ones map it.  A put racing with freeze either lands in the frozen
         file or raises :class:`~casstore.FrozenError`.  The frozen cache still dies with
-        the run unless :meth:`preserve` keeps it.
+        the run unless :meth:`preserve` keeps it.  On a full disk freeze raises
+        :class:`~casstore.errors.DiskFullError` and the cache stays live (puts work again
+        once space is freed; so does a second freeze).
         """
         if self._fq is not None:
             return
@@ -669,7 +760,13 @@ class IndexCache:
                 flags = _U32.unpack_from(mm, _FLAGS_AT)[0]
                 _U32.pack_into(mm, _FLAGS_AT, flags | _FROZEN_FLAG)
                 if not (self._dir / "frozen").exists():
-                    self._build_frozen(p)
+                    try:
+                        self._build_frozen(p)
+                    except OSError as e:
+                        # Nothing was published (the frozen file appears by rename, last):
+                        # undo the flag so the cache is exactly as before this call.
+                        _U32.pack_into(mm, _FLAGS_AT, flags)
+                        raise disk_full(e, self._dir, "freezing an index cache") from None
             finally:
                 fcntl.flock(p.lock_fd, fcntl.LOCK_UN)
         if not self._adopt_frozen():  # pragma: no cover - removed behind our back
@@ -725,7 +822,7 @@ class IndexCache:
             src = d / f"data.{p.wno}"
             if self.verify_mode == "open":
                 self._check_all_records(p.wfd, table, pres, src)
-            _fault("freeze:built")
+            fault("cache.freeze_built")
             os.rename(src, d / "frozen")
             os.close(p.wfd)
             p.wfd = p.wno = -1
@@ -739,7 +836,7 @@ class IndexCache:
             _pwrite_all(out, tail, data_end)
             if self.verify_mode == "open":
                 self._check_all_records(out, table, pres, tmp)
-            _fault("freeze:built")
+            fault("cache.freeze_built")
             os.rename(tmp, d / "frozen")
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -841,33 +938,36 @@ class IndexCache:
         path = self._dir / "frozen"
         try:
             # Whoever froze it checked it (verify="open"); this process checks every read otherwise.
-            self._map_frozen(path, whole=None, check=self.verify_mode != "open", what=f"index cache {self._dir}")
+            fd = _open_private(path)
         except FileNotFoundError:
             return False
+        self._map_frozen(fd, path, whole=None, check=self.verify_mode != "open", what=f"index cache {self._dir}")
         return True
 
-    def _map_frozen(self, path: Path, *, whole: Optional[Digest], check: bool, what: str,
-                    require_magic: bool = False) -> None:
-        """Map a frozen file and validate its header, footer and table (and whole digest)."""
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    def _map_frozen(self, fd: int, path: Path, *, whole: Optional[Digest], check: bool, what: str) -> None:
+        """Map the frozen file open as ``fd`` (owned from here on) and validate its header, footer
+        and table (and whole digest).
+
+        The file is untrusted input: every field is checked against the file's size
+        before it is used, so a damaged or hostile file is a typed error, never an
+        out-of-range map access.
+        """
         mm: Any = None
         try:
             size = os.fstat(fd).st_size
             if whole is not None:
-                got = _hash_fd(fd, size)
+                got = hash_fd(fd, size)
                 if got != whole:
                     raise IntegrityError(
                         f"{what} is corrupt: object {whole} hashes to {got} (file {path}); "
                         "run `casstore verify` and rebuild the cache"
                     )
             if size < _HDR + _FOOTER.size:
-                raise (InvalidInputError if require_magic else IntegrityError)(
-                    f"{what}: {path} is not an index cache file (too short: {size} bytes)")
+                raise IntegrityError(f"{what}: {path} is not an index cache file (too short: {size} bytes)")
             mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
             magic, fmt = _FILE_HEADER.unpack_from(mm, 0)
             if magic != _FILE_MAGIC:
-                raise (InvalidInputError if require_magic else IntegrityError)(
-                    f"{what}: {path} is not an index cache file (no {_FILE_MAGIC!r} header)")
+                raise IntegrityError(f"{what}: {path} is not an index cache file (no {_FILE_MAGIC!r} header)")
             if fmt > FORMAT:
                 raise StoreFormatError(f"{what}: file format {fmt} is newer than this casstore ({FORMAT}); "
                                        "upgrade casstore")
@@ -920,25 +1020,25 @@ class IndexCache:
         "format": 1}`` is written, then pinned: the name appears only once everything
         it needs is durable, so a crash leaves the name absent or complete.  Identical
         runs store one object and preserving again under the same name is a no-op; a name
-        already pinned to something else raises :class:`~casstore.FrozenError`.
+        already pinned to something else raises :class:`~casstore.FrozenError`.  A full
+        disk raises :class:`~casstore.errors.DiskFullError`; preserving again once space
+        is freed completes the job.
         """
-        from .manifest import Entry, encode_manifest
-
         name = validate_name(name)
         self.freeze()
-        _fault("preserve:after-freeze")
+        fault("cache.preserve_after_freeze")
         assert self._fpath is not None
         d = self.digest
         if d is None:
             d = self.store.objects.adopt(self._fpath, link=True)
-        _fault("preserve:after-object")
+        fault("cache.preserve_after_object")
         size = os.fstat(self._ffd).st_size
         meta = {"kind": KIND, "length": self.length, "format": FORMAT}
         mdata = encode_manifest({ENTRY_KEY: Entry(d, size)}, meta, None)
-        md = self.store.put(mdata, compress=False)
-        _fault("preserve:after-manifest")
+        md = self.store.objects.put(mdata, compress=False)
+        fault("cache.preserve_after_manifest")
         try:
-            self.store.pin(name, md)
+            pin(self.store, name, md)
         except FrozenError as e:
             raise FrozenError(
                 f"cannot preserve index cache {self._dir or self._fpath} as {name!r}: that name is already pinned "
@@ -982,7 +1082,7 @@ class IndexCache:
         """The frozen file (read-only; mode 0444 once preserved), or None before freeze."""
         return self._fpath
 
-    def info(self) -> Dict[str, Any]:
+    def info(self) -> CacheInfo:
         """A JSON-able summary: name, digest, length, records, bytes, frozen, verify mode, file."""
         return {
             "name": self.name,
@@ -1014,7 +1114,7 @@ class IndexCache:
                 raise IntegrityError(f"index cache {self._dir}: records {bad[:10]} are corrupt; create a new cache")
             return self.count
         if self.digest is not None:
-            got = _hash_fd(self._ffd, os.fstat(self._ffd).st_size)
+            got = hash_fd(self._ffd, os.fstat(self._ffd).st_size)
             if got != self.digest:
                 raise IntegrityError(f"index cache object {self.digest} is corrupt: it hashes to {got} "
                                      f"(file {self._fpath})")
@@ -1140,7 +1240,9 @@ class IndexCache:
         if self._fq is None and self._imm is None:
             raise self._closed_error()
         return {
-            "root": str(self.store.root), "durable": self.store.durable, "length": self.length,
+            # The store pickles as itself (its settings and layers); reopening it by path
+            # would need the facade, which a feature never imports (layer rule).
+            "store": self.store, "length": self.length,
             "max_bytes": self.max_bytes, "verify": self.verify_mode, "lock_timeout": self.lock_timeout,
             "name": self.name, "digest": str(self.digest) if self.digest else None,
             "manifest": str(self._manifest_digest) if self._manifest_digest else None,
@@ -1150,24 +1252,34 @@ class IndexCache:
         }
 
     def __setstate__(self, st: Dict[str, Any]) -> None:
-        store = open_store(st["root"], create=False, durable=st["durable"])
-        self._init_fields(store, st["length"], st["max_bytes"], st["verify"], st["lock_timeout"])
+        self._init_fields(_check_store(st["store"]), st["length"], st["max_bytes"], st["verify"],
+                          st["lock_timeout"])
         self.name = st["name"]
         self.digest = Digest.parse(st["digest"]) if st["digest"] else None
         self._manifest_digest = Digest.parse(st["manifest"]) if st["manifest"] else None
         self._dir = Path(st["dir"]) if st["dir"] else None
+        gone = ObjectNotFoundError(
+            f"index cache {self._dir} no longer exists: the process that created it closed it or exited; "
+            "keep the IndexCache open in the main process while workers use it"
+        )
         if st["frozen"]:
             # The sending process already checked this file as its mode asks; only records are checked here.
-            self._map_frozen(Path(st["frozen"]), whole=None, check=st["check"], what=self._label())
+            if self.digest is not None:  # preserved: the object, opened through the object layer
+                path = Path(self.store.objects.locate(self.digest).path)
+                ffd, _ = open_object_file(str(path), self.digest)
+            else:
+                path = Path(st["frozen"])
+                try:
+                    ffd = _open_private(path)
+                except FileNotFoundError:
+                    raise gone from None
+            self._map_frozen(ffd, path, whole=None, check=st["check"], what=self._label())
             return
         assert self._dir is not None
         try:
-            fd = os.open(self._dir / "index", os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open(self._dir / "index", os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
-            raise ObjectNotFoundError(
-                f"index cache {self._dir} no longer exists: the process that created it closed it or exited; "
-                "keep the IndexCache open in the main process while workers use it"
-            ) from None
+            raise gone from None
         self._ifd = fd
         self._imm = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         if self._imm[_FLAGS_AT] & _FROZEN_FLAG:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import tracemalloc
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
@@ -21,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import casstore
+from casstore.digest import Digest
 from casstore.errors import IntegrityError, InvalidInputError, InvalidTypeError, ObjectNotFoundError, StoreFormatError
 
 
@@ -406,3 +408,184 @@ def test_bundle_read_back_through_its_pin_name(store: casstore.Store) -> None:
     d = store.put_arrays({"x": np.arange(5)})
     store.pin("bundle-v1", d)
     assert store.get_arrays("bundle-v1")["x"].tolist() == [0, 1, 2, 3, 4]
+
+
+# -- hostile objects: lying headers, bombs, fuzz (issue 11) ----------------------------------
+
+
+def _npy(header: str, data: bytes, version: int = 1) -> bytes:
+    """A hand-made .npy file: any header text, any data (np.save would never write a lie)."""
+    h = header.encode("utf-8")
+    pre = 10 if version == 1 else 12
+    h += b" " * ((-(pre + len(h) + 1)) % 64) + b"\n"
+    size = len(h).to_bytes(2 if version == 1 else 4, "little")
+    return b"\x93NUMPY" + bytes([version, 0]) + size + h + data
+
+
+LIES = {
+    "shape-too-big": "{'descr': '<f8', 'fortran_order': False, 'shape': (11,), }",
+    "shape-too-small": "{'descr': '<f8', 'fortran_order': False, 'shape': (9,), }",
+    "itemsize-lies": "{'descr': '<f4', 'fortran_order': False, 'shape': (10,), }",
+    "absurd-shape": "{'descr': '<f8', 'fortran_order': False, 'shape': (2**62, 2**62), }",
+    "zero-dim-absurd": "{'descr': '<f8', 'fortran_order': False, 'shape': (0, 2**63), }",
+    "negative": "{'descr': '<f8', 'fortran_order': False, 'shape': (-10,), }",
+    "too-many-dims": "{'descr': '<f8', 'fortran_order': False, 'shape': (1,) * 80, }",
+    "not-a-tuple": "{'descr': '<f8', 'fortran_order': False, 'shape': [10], }",
+    "bool-dim": "{'descr': '<f8', 'fortran_order': False, 'shape': (True, 10), }",
+    "fortran-junk": "{'descr': '<f8', 'fortran_order': 'yes', 'shape': (10,), }",
+    "fortran-int": "{'descr': '<f8', 'fortran_order': 1, 'shape': (10,), }",
+    "object-dtype": "{'descr': '|O', 'fortran_order': False, 'shape': (10,), }",
+    "object-field": "{'descr': [('a', '<f8'), ('b', '|O')], 'fortran_order': False, 'shape': (5,), }",
+    "bad-descr": "{'descr': 'nonsense', 'fortran_order': False, 'shape': (10,), }",
+    "missing-key": "{'descr': '<f8', 'shape': (10,), }",
+    "extra-key": "{'descr': '<f8', 'fortran_order': False, 'shape': (10,), 'x': 1, }",
+    "not-a-dict": "[1, 2, 3]",
+    "deep-nesting": "{'descr': '<f8', 'fortran_order': False, 'shape': " + "(" * 150 + ")" * 150 + "}",
+    "unary-chain": "{'descr': '<f8', 'fortran_order': False, 'shape': (" + "-" * 5000 + "1,), }",
+    "huge-int-literal": "{'descr': '<f8', 'fortran_order': False, 'shape': (" + "9" * 5000 + ",), }",
+    "code": "{'descr': __import__('os').system('false'), 'fortran_order': False, 'shape': (10,), }",
+}
+
+
+@pytest.mark.parametrize("mmap", [False, True], ids=["copy", "mmap"])
+@pytest.mark.parametrize("lie", sorted(LIES))
+def test_lying_npy_header_in_an_intact_object_is_store_format_error(store: casstore.Store, lie: str,
+                                                                    mmap: bool) -> None:
+    """The object hashes right (it was stored that way): its header is a format problem, refused
+    before anything is allocated."""
+    d = store.put(_npy(LIES[lie], np.arange(10, dtype="<f8").tobytes()), compress=False)
+    for verify in (True, False):
+        with pytest.raises(StoreFormatError, match=str(d)[:20]):
+            store.get_array(d, mmap=mmap, verify=verify)
+
+
+def test_lying_header_in_a_compressed_object(store: casstore.Store) -> None:
+    d = store.put(_npy(LIES["shape-too-big"], bytes(80_000)), compress=True)
+    assert store.stat(d).codec == "zstd"
+    for mmap in (False, True):
+        with pytest.raises(StoreFormatError):
+            store.get_array(d, mmap=mmap)
+
+
+def test_damaged_header_is_integrity_error_not_format_error(store: casstore.Store) -> None:
+    """The same refusal, but the object no longer hashes to its name: that is damage."""
+    a = np.arange(1000, dtype=np.float64)
+    d = store.put_array(a)
+    text = store.path(d).read_bytes()
+    _flip(store.path(d), text.index(b"(1000,)") + 1)  # shape (1000,) -> (0000,)
+    for mmap in (False, True):
+        with pytest.raises(IntegrityError, match="no longer hashes"):
+            store.get_array(d, mmap=mmap, verify=False)
+
+
+def _plant_zstd_object(store: casstore.Store, claimed: bytes, frame_chunks: Iterator[bytes]) -> Digest:
+    """Store a hand-made zstd object named after ``claimed`` whose frame decodes to ``frame_chunks``
+    and whose size trailer records ``len(claimed)``."""
+    import zstandard
+
+    from casstore.codecs import ZSTD
+
+    d = Digest.of(claimed)
+    p = store.root / "objects" / d.hex[:2] / (d.hex[2:] + ".zst")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "wb") as f:
+        w = zstandard.ZstdCompressor(level=1).stream_writer(f, closefd=False)
+        for chunk in frame_chunks:
+            w.write(chunk)
+        w.flush(zstandard.FLUSH_FRAME)
+        f.write(ZSTD.trailer(len(claimed)))
+    os.chmod(p, 0o444)
+    return d
+
+
+BOMB_CHILD = textwrap.dedent("""
+    import json, sys
+    import casstore
+    store = casstore.open(sys.argv[1])
+    out = {}
+    for name, kw in [("copy", {}), ("copy-no-verify", {"verify": False}), ("mmap", {"mmap": True})]:
+        try:
+            store.get_array(sys.argv[2], **kw)
+            out[name] = None
+        except casstore.CasstoreError as e:
+            out[name] = type(e).__name__
+    # VmHWM: this process image's peak RSS (ru_maxrss would include the parent's, kept across exec)
+    out["maxrss_kib"] = int(next(ln.split()[1] for ln in open("/proc/self/status") if ln.startswith("VmHWM")))
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.slow
+def test_zstd_npy_bomb_is_integrity_error_with_bounded_memory(store: casstore.Store) -> None:
+    """Trailer and header claim a 1 MiB array; the frame decodes to those bytes and then 2 GiB more."""
+    legit = _npy("{'descr': '|u1', 'fortran_order': False, 'shape': (1048576,), }", bytes(1 << 20))
+    zeros = bytes(1 << 20)
+    d = _plant_zstd_object(store, legit, iter([legit] + [zeros] * 2048))
+    r = subprocess.run([sys.executable, "-c", BOMB_CHILD, str(store.root), str(d)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["copy"] == out["copy-no-verify"] == out["mmap"] == "IntegrityError", out
+    assert out["maxrss_kib"] < 300 << 10, out  # far below the 2 GiB the frame holds
+    assert not (store.root / "objects" / d.hex[:2] / d.hex[2:]).exists()  # mmap published no raw copy
+
+
+def test_zstd_npy_with_different_bytes_behind_a_true_trailer(store: casstore.Store) -> None:
+    """Same size, other bytes: the hash decides (verify), and the size still bounds everything."""
+    legit = _npy("{'descr': '<i8', 'fortran_order': False, 'shape': (1000,), }", np.arange(1000).tobytes())
+    evil = legit[:-8] + b"\xff" * 8
+    d = _plant_zstd_object(store, legit, iter([evil]))
+    with pytest.raises(IntegrityError):
+        store.get_array(d)
+    with pytest.raises(IntegrityError):
+        store.get_array(d, mmap=True)  # materializing verifies
+
+
+_DESCRS = ["<f8", "|u1", "<U3", "|S0", "|V0", "<M8[s]", "|O", ">c16", "[('a', '<i4'), ('b', '|S2')]",
+           "[('a', '<i4', (2, 3))]", "('<f8', (1000000000,))", "nonsense", "", "{}", "[]"]
+# Small dimensions (some headers tell the truth), dimensions whose product allocates far more than
+# the 4 MiB the test allows (a header believed would show), and ones numpy cannot even represent.
+_SHAPE_ITEMS = st.one_of(st.integers(-3, 20), st.integers(1000, 5000), st.integers(0, 2**70),
+                         st.sampled_from(["0", "True", "'a'", "None"]))
+
+
+@st.composite
+def npy_like(draw: st.DrawFn) -> bytes:
+    kind = draw(st.sampled_from(["random", "dict", "dict", "dict"]))
+    if kind == "random":
+        return b"\x93NUMPY" * draw(st.booleans()) + draw(st.binary(max_size=300))
+    dims = draw(st.lists(_SHAPE_ITEMS, max_size=4))
+    shape = "(" + ", ".join(str(x) for x in dims) + ("," if len(dims) == 1 else "") + ")"
+    if draw(st.booleans()):
+        shape = draw(st.text(max_size=20))
+    fortran = draw(st.sampled_from(["False", "True", "0", "'x'", "None"]))
+    descr = repr(draw(st.sampled_from(_DESCRS))) if draw(st.booleans()) else draw(st.sampled_from(_DESCRS))
+    header = "{'descr': " + descr + ", 'fortran_order': " + fortran + ", 'shape': " + shape + ", }"
+    if draw(st.booleans()):
+        header = header[: draw(st.integers(0, len(header)))]
+    ndata = draw(st.sampled_from([0, 1, 8, 24, 80, 1000]))
+    blob = _npy(header, bytes(ndata), version=draw(st.sampled_from([1, 2])))
+    if draw(st.booleans()):  # damage the framing too: version, length field, padding
+        pos = draw(st.integers(0, len(blob) - 1))
+        blob = blob[:pos] + draw(st.binary(min_size=1, max_size=3)) + blob[pos + 1:]
+    return blob
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(blob=npy_like(), mmap=st.booleans(), compress=st.booleans())
+def test_fuzz_npy_header_parser(shared_store: casstore.Store, blob: bytes, mmap: bool, compress: bool) -> None:
+    """Arbitrary bytes: an array or a CasstoreError, never another exception, never memory beyond the input."""
+    store = shared_store
+    d = store.put(blob + (bytes(4096) if compress else b""), compress=compress)
+    tracemalloc.start()
+    try:
+        try:
+            a = store.get_array(d, mmap=mmap)
+        except casstore.CasstoreError:
+            a = None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    if a is not None:
+        assert a.nbytes <= len(blob) + 4096
+    assert peak < (4 << 20) + 4 * len(blob), peak  # fixed buffers (1 MiB chunks) plus the input

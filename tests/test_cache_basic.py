@@ -123,6 +123,8 @@ def test_bad_input(store: casstore.Store) -> None:
         IndexCache(store, 3, verify="sometimes")
     with pytest.raises(casstore.InvalidTypeError, match="needs a casstore.Store"):
         IndexCache(42, 3)  # type: ignore[arg-type]
+    with pytest.raises(casstore.InvalidTypeError, match=r"casstore.open\(path\)"):
+        IndexCache(str(store.root), 3)  # type: ignore[arg-type]  # a path: open the store first
     c.freeze()
     for bad in (5, -1):  # the frozen fast path checks too
         with pytest.raises(CacheIndexError):
@@ -150,7 +152,7 @@ def test_open_errors(store: casstore.Store) -> None:
     c = IndexCache(store, 1)
     c.put(0, b"z")
     obj = c.preserve("ok")
-    from casstore.manifest import Entry, encode_manifest
+    from casstore.manifests.model import Entry, encode_manifest
 
     md = store.put(encode_manifest({ENTRY_KEY: Entry(obj, store.stat(obj).size)},
                                    {"kind": KIND, "length": 1, "format": FORMAT + 1}, None))
@@ -436,10 +438,10 @@ def test_a_preserved_cache_opens_read_only_for_another_user(world_dir: Path) -> 
     c.close()
     out = run_as_nobody("""
 import casstore.cache
-c = casstore.IndexCache.open(sys.argv[1], "shared/train")
+c = casstore.IndexCache.open(casstore.open(sys.argv[1]), "shared/train")
 out = {"ok": [c.get(i).hex() for i in range(5)]}
 try:
-    casstore.IndexCache(sys.argv[1], 3)
+    casstore.IndexCache(casstore.open(sys.argv[1]), 3)
 except casstore.ReadOnlyError as e:
     out["live"] = str(e)
 """, str(world_dir / "store"))

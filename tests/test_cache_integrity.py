@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import struct
+import tempfile
+import tracemalloc
+import zlib
 from pathlib import Path
 from typing import Dict, Optional
 
 import blake3
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import casstore
 from casstore.cache import IndexCache
@@ -142,3 +148,98 @@ def test_damaged_table_footer_or_truncation_is_refused(store: casstore.Store) ->
         IndexCache.open(store, "t", verify="record")
     with pytest.raises(casstore.IntegrityError, match="is corrupt: object"):
         IndexCache.open(store, "t")
+
+
+# -- fuzz: the frozen-file parser takes arbitrary bytes -----------------------------------
+#
+# IndexCache.open parses a file anyone with write access to a shared store could have
+# stored (under its true digest, so the whole-object hash passes).  Whatever the bytes,
+# open and every read give a result or a CasstoreError: never another exception, never a
+# crash, never memory beyond the file's size (the file is mapped, not read).
+
+_FOOTER = struct.Struct("<8sIIQQQQQII")  # docs/index-cache.md, "On-disk format"
+
+
+def _valid_frozen_bytes() -> bytes:
+    with tempfile.TemporaryDirectory() as t:
+        s = casstore.open(Path(t) / "s", durable=False)
+        c = IndexCache(s, 7)
+        for i, n in ((0, 40), (2, 0), (3, 70_000), (6, 5)):  # CRC-32 and BLAKE3-64 records, an empty one
+            c.put(i, payload(i, n))
+        d = c.preserve("x")
+        c.close()
+        return s.get(d)
+
+
+VALID = _valid_frozen_bytes()
+
+
+def _fix_crcs(b: bytearray) -> None:
+    """Make the footer and table CRCs match again, so mutations reach the fields behind them."""
+    if len(b) < 64 + _FOOTER.size:
+        return
+    fo = len(b) - _FOOTER.size
+    f = list(_FOOTER.unpack_from(b, fo))
+    table_off = f[4]
+    if 0 <= table_off <= fo:
+        f[8] = zlib.crc32(b[table_off:fo])
+    body = _FOOTER.pack(*f[:-1], 0)[:-4]
+    b[fo:] = body + struct.pack("<I", zlib.crc32(body))
+
+
+@st.composite
+def hostile_cache_files(draw: st.DrawFn) -> bytes:
+    kind = draw(st.sampled_from(["mutated", "mutated-crcs-fixed", "footer-fields", "magic-then-noise"]))
+    if kind == "magic-then-noise":
+        return b"CSICACHE" + draw(st.binary(max_size=400))
+    b = bytearray(VALID)
+    if kind == "footer-fields":
+        fo = len(b) - _FOOTER.size
+        f = list(_FOOTER.unpack_from(b, fo))
+        big = st.one_of(st.integers(0, 2**64 - 1), st.integers(0, len(b) + 64))
+        for k in draw(st.sets(st.integers(1, 7), min_size=1)):  # format, slot, length, offsets, counts
+            f[k] = draw(big) if k >= 3 else draw(st.integers(0, 2**32 - 1))
+        b[fo:] = _FOOTER.pack(*f)
+        _fix_crcs(b)
+        return bytes(b)
+    for _ in range(draw(st.integers(1, 8))):
+        pos = draw(st.integers(0, len(b) - 1))
+        b[pos:pos + 8] = draw(st.binary(min_size=1, max_size=8))
+    cut = draw(st.one_of(st.none(), st.integers(0, len(b))))
+    if cut is not None:
+        del b[cut:]
+    b += draw(st.binary(max_size=64))
+    if kind == "mutated-crcs-fixed":
+        _fix_crcs(b)
+    return bytes(b)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=hostile_cache_files(), mode=st.sampled_from(["full", "record", "open"]))
+def test_fuzz_frozen_file_parser(store: casstore.Store, data: bytes, mode: str) -> None:
+    d = store.objects.put(data, compress=False)
+    tracemalloc.start()
+    try:
+        try:
+            c = IndexCache.open(store, d, verify=mode)
+        except casstore.CasstoreError:
+            return
+        try:
+            assert len(c) == c.length <= len(data) // 32
+            c.info()
+            for i in range(c.length):
+                try:
+                    got = c.get(i)
+                except casstore.CasstoreError:
+                    continue
+                assert got is None or len(got) <= len(data)
+            try:
+                c.verify()
+            except casstore.CasstoreError:
+                pass
+        finally:
+            c.close()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < (1 << 20) + 2 * len(data), peak  # nothing beyond the input's bound

@@ -2,7 +2,7 @@
 mid-preserve, sweeping dead writers' directories, and lock-free frozen reads.
 
 Workers are module-level functions so that spawned children can import them.
-Crash points are reached with ``casstore.cache._fault_hook`` set *in the child*,
+Crash points are reached with ``casstore._faults.hook`` set *in the child*,
 which then SIGKILLs itself; other tests kill a busy child at a random moment.
 """
 
@@ -22,7 +22,7 @@ import blake3
 import pytest
 
 import casstore
-import casstore.cache as cache_mod
+import casstore._faults as faults
 from casstore._lock import FileLock
 from casstore.cache import IndexCache
 
@@ -46,7 +46,7 @@ def _kill_self_at(point: str) -> None:
         if p == point:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    cache_mod._fault_hook = hook
+    faults.hook = hook
 
 
 def icache_dirs(root: Path) -> List[str]:
@@ -113,7 +113,7 @@ def _hold_locks(paths: List[str], ready: Any, stop: Any) -> None:
 
 
 def _read_all(cache: Any, root: Optional[str], name: Optional[str], n: int, out: Any) -> None:
-    c = IndexCache.open(root, name) if cache is None else cache  # type: ignore[arg-type]
+    c = IndexCache.open(casstore.open(root), name) if cache is None else cache  # type: ignore[arg-type]
     t0 = time.monotonic()
     ok = all(c.get(i) == payload(i) for i in range(n))
     out.put((ok, time.monotonic() - t0))
@@ -167,8 +167,8 @@ def test_a_worker_can_freeze_for_everyone(store: casstore.Store) -> None:
     assert IndexCache.open(store, "frozen-by-worker").count == 34
 
 
-@pytest.mark.parametrize("point,method", [("put:after-data", "fork"), ("put:torn-slot", "fork"),
-                                          ("put:torn-slot", "spawn"), ("put:after-slot", "fork")])
+@pytest.mark.parametrize("point,method", [("cache.put_after_data", "fork"), ("cache.put_torn_slot", "fork"),
+                                          ("cache.put_torn_slot", "spawn"), ("cache.put_after_slot", "fork")])
 def test_sigkill_mid_put_leaves_no_record_and_a_usable_cache(store: casstore.Store, point: str,
                                                               method: str) -> None:
     ctx = mp.get_context(method)
@@ -180,12 +180,12 @@ def test_sigkill_mid_put_leaves_no_record_and_a_usable_cache(store: casstore.Sto
     assert p.exitcode == -signal.SIGKILL
     base = 64 + 32 * 7
     slot = c._imm[base:base + 32]
-    if point == "put:after-slot":  # killed after the slot was complete, before the counters
+    if point == "cache.put_after_slot":  # killed after the slot was complete, before the counters
         assert 7 in c and c.get(7) == payload(7)  # the full record
         assert c.put(7, b"other") is False  # usable: the dead holder's lock was released by the kernel
         assert c.count == 3 and c.nbytes == sum(len(payload(i)) for i in (0, 6, 7))  # recounted
     else:
-        if point == "put:torn-slot":
+        if point == "cache.put_torn_slot":
             assert slot[:28] != bytes(28) and slot[28:] == bytes(4)  # really torn: fields written, no tag
         else:
             assert slot == bytes(32)
@@ -247,8 +247,8 @@ def test_dead_owners_directory_is_swept(store: casstore.Store, method: str) -> N
     assert mine._dir.exists()
 
 
-@pytest.mark.parametrize("point", ["freeze:built", "preserve:after-freeze", "preserve:after-object",
-                                   "preserve:after-manifest"])
+@pytest.mark.parametrize("point", ["cache.freeze_built", "cache.preserve_after_freeze", "cache.preserve_after_object",
+                                   "cache.preserve_after_manifest"])
 def test_sigkill_during_preserve_at_each_step(store: casstore.Store, point: str) -> None:
     ctx = mp.get_context("fork")
     ready = ctx.Event()

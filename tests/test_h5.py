@@ -20,7 +20,7 @@ import pytest
 from _fetch_helpers import SPAWN, assert_objects_valid, flock_holder, hdf5_holder, hdf5_reader, results
 
 import casstore
-from casstore.errors import CompressedObjectError, ObjectNotFoundError, StoreFormatError
+from casstore.errors import CompressedObjectError, IntegrityError, ObjectNotFoundError, StoreFormatError
 
 DATA = np.tile(np.arange(100, dtype=np.float64), 2000)  # 1.6 MB, very compressible
 TOTAL = float(DATA.sum())
@@ -172,3 +172,57 @@ def test_plain_h5py_locking_hazard(tmp_path: Path, h5file: Path, holder_mode: st
         release.set()
     results(q, 1)
     p.join(30)
+
+
+# -- verified before h5py sees it (issue 11) ---------------------------------------------
+
+
+def _flip(path: Path, offset: int) -> None:
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x01]))
+    os.chmod(path, 0o444)
+
+
+def _data_offset(path: Path) -> int:
+    with h5py.File(path, "r") as f:
+        off = f["x"].id.get_offset()  # contiguous layout: where the dataset's bytes start
+    assert off is not None
+    return int(off) + 8 * 101 + 7  # the exponent byte of x[101] == 1.0 (far from any metadata)
+
+
+def test_flipped_byte_in_an_hdf5_object_is_integrity_error(store: casstore.Store, h5file: Path) -> None:
+    d = store.put_path(h5file, compress=False)
+    with store.open_hdf5(d) as f:  # verified once (and remembered while the file is unchanged)
+        assert float(f["x"][...].sum()) == TOTAL
+    _flip(store.path(d), _data_offset(h5file))
+    with pytest.raises(IntegrityError, match=str(d)[:20]):
+        store.open_hdf5(d)
+    # verify=False skips the hash: h5py opens the damaged bytes (documented: unverified).
+    with store.open_hdf5(d, verify=False) as f:
+        assert float(f["x"][...].sum()) != TOTAL
+
+
+def test_damaged_compressed_hdf5_object_is_never_materialized(store: casstore.Store, h5file: Path) -> None:
+    d = store.put_path(h5file, compress=True)
+    info = store.stat(d)
+    assert info.codec == "zstd"
+    zst = store.root / "objects" / d.hex[:2] / (d.hex[2:] + ".zst")
+    _flip(zst, info.stored_size // 2)
+    for verify in (True, False):  # materializing always verifies
+        with pytest.raises(IntegrityError):
+            store.open_hdf5(d, verify=verify)
+    assert not (store.root / "objects" / d.hex[:2] / d.hex[2:]).exists()
+    assert os.listdir(store.root / "tmp") == []
+
+
+def test_damaged_raw_copy_of_a_compressed_object_is_caught(store: casstore.Store, h5file: Path) -> None:
+    d = store.put_path(h5file, compress=True)
+    with store.open_hdf5(d) as f:  # materializes the raw copy
+        assert float(f["x"][...].sum()) == TOTAL
+    _flip(store.path(d), _data_offset(h5file))  # the raw copy, changed after it was verified
+    with pytest.raises(IntegrityError):
+        store.open_hdf5(d)
