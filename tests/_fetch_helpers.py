@@ -397,6 +397,6 @@ def clean_settings_env(monkeypatch: Any, tmp_path: Path) -> None:
     """Runtime settings must not leak in from the environment or a user config file."""
     from casstore.settings import KNOBS
 
-    for var in [env for env, _default, _kind in KNOBS.values()] + ["CASSTORE_CONFIG"]:
+    for var in [knob.env for knob in KNOBS.values()] + ["CASSTORE_CONFIG"]:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))

@@ -37,8 +37,7 @@ from _fetch_helpers import (
 
 import casstore
 from casstore.errors import InvalidDigestError, InvalidInputError, InvalidTypeError, LockTimeout, ObjectNotFoundError
-from casstore.fetch import derive_key
-from casstore.refs import lock_path
+from casstore.pipelines import derive_key
 
 
 @pytest.fixture
@@ -63,7 +62,7 @@ def runs(counter: Path) -> List[str]:
 
 
 def lock_file(store: casstore.Store, name: str) -> Path:
-    return lock_path(store.root, "derive", name)
+    return store.refs.lock(name).path
 
 
 # -- memoization ----------------------------------------------------------------------

@@ -44,7 +44,7 @@ from casstore.errors import (
     LockTimeout,
     ObjectNotFoundError,
 )
-from casstore.fetch import _url_key
+from casstore.pipelines import fetch_name
 
 
 @pytest.fixture
@@ -68,11 +68,11 @@ def payload(n: int, seed: int = 1) -> bytes:
 
 
 def lock_file(store: casstore.Store, url: str) -> Path:
-    return store.root / "locks" / "fetch" / f"{_url_key(url)}.lock"
+    return store.refs.lock(fetch_name(url)).path
 
 
 def head_digest(store: casstore.Store, url: str) -> str:
-    m = store.manifest(f"_fetch/{_url_key(url)}")
+    m = store.manifest(fetch_name(url))
     assert m.meta["url"] == url
     return str(m["content"].digest)
 
@@ -88,7 +88,7 @@ def test_fetch_stores_served_bytes_once(store: casstore.Store, server: Server) -
     assert store.get(d) == data
     assert server.count("/data.bin") == 1
     # The URL -> digest record: a head whose metadata names the URL and records a sha256.
-    m = store.manifest(f"_fetch/{_url_key(url)}")
+    m = store.manifest(fetch_name(url))
     assert m.meta["url"] == url and m.meta["kind"] == "casstore.fetch"
     assert m.meta["sha256"] == hashlib.sha256(data).hexdigest()
     assert m["content"].digest == d and m["content"].size == len(data)
@@ -269,7 +269,7 @@ def test_dropped_connection_resumes_with_range(store: casstore.Store, server: Se
     assert len(reqs) == 2
     assert reqs[0].range is None
     assert reqs[1].range == f"bytes={len(data) // 2}-" and reqs[1].status == 206  # resumed, not restarted
-    m = store.manifest(f"_fetch/{_url_key(url)}")
+    m = store.manifest(fetch_name(url))
     assert m.meta["sha256"] == hashlib.sha256(data).hexdigest()  # checksums span both parts
     assert tmp_names(store.root) == []
 
@@ -337,7 +337,7 @@ def test_eight_processes_download_once(tmp_path: Path, server: Server) -> None:
     assert store.get(b3(data)) == data
     assert head_digest(store, url) == b3(data)
     assert b3(data) in assert_objects_valid(store)
-    assert len(store.history(f"_fetch/{_url_key(url)}")) == 1  # one record, not eight
+    assert len(store.history(fetch_name(url))) == 1  # one record, not eight
 
 
 def _start_slow_download(root: Path, server: Server, path: str, data: bytes) -> tuple[str, object]:

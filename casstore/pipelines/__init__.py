@@ -1,2 +1,32 @@
-"""TRANSITIONAL shim (replaced by the pipelines package)."""
-from ..fetch import derive, fetch  # noqa: F401
+"""Pipelines: fetch once, derive once -- across processes, memoized, recorded as heads.
+
+:func:`fetch` downloads a URL into the store exactly once (the record is the
+head :func:`fetch_name`); :func:`derive` runs a function of stored inputs
+exactly once per (name, inputs, params, version) (:func:`derive_key`) and
+records its output files as the head ``name``.  Both hold the result name's
+lock while they work (``store.refs.lock``), so other processes wait and then
+read the result; a producer killed at any point leaves nothing named.
+
+Layer 4 (docs/design.md): uses only the public layers below it --
+``store.objects`` (stage, publish, touch, put_path, raw_path), ``store.refs``
+(lock, get, write) and the manifest model (:mod:`casstore.manifests`).
+"""
+
+from .derive import DeriveFn, DeriveInput, InputKey, derive, derive_key
+from .fetch import DEFAULT_DEADLINE, DEFAULT_MAX_BYTES, fetch, fetch_name
+from .http import MAX_REDIRECTS, NetworkTimeout, redact
+
+__all__ = [
+    "fetch",
+    "fetch_name",
+    "derive",
+    "derive_key",
+    "DeriveFn",
+    "DeriveInput",
+    "InputKey",
+    "NetworkTimeout",
+    "redact",
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_DEADLINE",
+    "MAX_REDIRECTS",
+]

@@ -1,0 +1,345 @@
+"""Fetch once: a URL downloaded by exactly one process, checked, recorded, and never partially visible.
+
+``store.fetch(url)``: exactly one process downloads a URL (into ``tmp/``,
+hashing as it goes and checking any published checksum); every other
+process asking at the same time waits on the record's name lock and then
+reads the stored object.  The URL -> digest record is the head
+``_fetch/<sha256(url)[:40]>`` (:func:`fetch_name`).
+
+Why this is safe:
+
+* A result becomes visible only as a complete object (the staging file is
+  renamed into ``objects/``) and then as a manifest version (ref moved by
+  rename).  A downloader killed at any point leaves no named partial output.
+* The lock is an fcntl lock, which the kernel drops when its holder dies, so a
+  waiter takes over at once; it re-checks for a result before downloading.
+* Locks only avoid duplicate work; correctness never depends on them.
+
+Hostile servers and paths (issue 11; the transport is :mod:`casstore.pipelines.http`):
+a size limit (the ``Content-Length`` when announced, else ``max_bytes`` or
+:data:`DEFAULT_MAX_BYTES`), a per-read timeout and an overall deadline,
+bodies longer or shorter than announced refused, a redirect limit,
+secrets in the URL redacted from every log line, error, progress text and
+the stored record, and ``file://`` FIFOs, devices and links refused at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Dict, Optional, Tuple, Union
+
+from .._progress import Progress
+from ..codecs import RAW
+from ..digest import Digest, new_hasher
+from ..errors import (
+    BackendError,
+    CasstoreError,
+    IntegrityError,
+    InvalidInputError,
+    InvalidTypeError,
+    ObjectNotFoundError,
+)
+from ..manifests import Entry
+from .common import check_count, check_flag, check_seconds, lock_seconds, refuse_pinned, write_head
+from .http import NetworkTimeout, Response, Source, get, open_file, parse_content_range, parse_source
+
+if TYPE_CHECKING:
+    from .._fs import Staging
+    from ..store import Store
+
+__all__ = ["fetch", "fetch_name", "DEFAULT_MAX_BYTES", "DEFAULT_DEADLINE"]
+
+log = logging.getLogger("casstore.fetch")
+
+CHUNK = 1 << 20
+DEFAULT_MAX_BYTES = 1 << 40
+"""Largest download accepted when neither ``max_bytes`` nor a ``Content-Length`` bounds it (1 TiB):
+a server streaming forever must not fill the disk."""
+DEFAULT_DEADLINE = 24 * 3600.0
+"""Overall time allowed for one download, retries included, when ``deadline`` is not given (a day):
+a server trickling a byte a second ends with :class:`NetworkTimeout`, not a hang."""
+_RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+_CHECKSUMS = ("sha256", "md5")
+
+
+def _url_key(url: str) -> str:
+    return hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
+def fetch_name(url: str) -> str:
+    """The head recording a URL's download: ``_fetch/<sha256(url)[:40]>``."""
+    if not isinstance(url, str):
+        raise InvalidTypeError(f"a URL must be a str, not {type(url).__name__}")
+    return f"_fetch/{_url_key(url)}"
+
+
+def _expected(digest: object, sha256: object, md5: object) -> Tuple[Optional[Digest], Dict[str, str]]:
+    want: Dict[str, str] = {}
+    for algo, value in (("sha256", sha256), ("md5", md5)):
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise InvalidTypeError(f"{algo}= must be a hex str, not {type(value).__name__} {value!r:.40}")
+        v = value.lower().split(":", 1)[-1]
+        size = hashlib.new(algo).digest_size * 2
+        if len(v) != size or any(c not in "0123456789abcdef" for c in v):
+            raise InvalidInputError(f"{algo}={value[:80]!r} is not a {size}-hex-digit checksum")
+        want[algo] = v
+    return (None if digest is None else Digest.coerce(digest)), want
+
+
+def fetch(store: Store, url: str, *, digest: Optional[Union[Digest, str]] = None,
+          sha256: Optional[str] = None, md5: Optional[str] = None, force: Optional[bool] = None,
+          timeout: Optional[float] = None, retries: int = 5, progress: Optional[bool] = None,
+          connect_timeout: float = 30.0, max_bytes: Optional[int] = None,
+          deadline: Optional[float] = None) -> Digest:
+    """Download ``url`` into the store exactly once across processes; return its digest.
+
+    ``digest`` (BLAKE3), ``sha256`` or ``md5`` are checked as the bytes arrive;
+    a mismatch raises :class:`IntegrityError` and stores nothing.  Other
+    processes fetching the same URL wait on a lock (logging every ~10 s) for
+    at most ``timeout`` seconds (default: the runtime setting ``lock_timeout``)
+    and then return the stored result.  ``force=True`` downloads again.
+
+    Transient network errors are retried ``retries`` times with exponential
+    back-off; an interrupted transfer resumes with an HTTP Range request when
+    the server supports it (and the resource is unchanged: ``If-Range``).
+    ``connect_timeout`` bounds connecting and every single read; ``deadline``
+    (seconds, default :data:`DEFAULT_DEADLINE`) bounds the whole download,
+    retries included (:class:`~casstore.pipelines.NetworkTimeout`).  The body may
+    be at most ``max_bytes`` (default: its ``Content-Length``, or
+    :data:`DEFAULT_MAX_BYTES` when none is announced); a longer body, or one
+    longer than its ``Content-Length``, is an :class:`IntegrityError` and
+    stores nothing.  At most 10 redirects, only to ``http(s)``.
+
+    ``file://`` URLs must name a regular file (not a FIFO, device, directory
+    or symbolic link).  Credentials (``user:pass@``, sent as HTTP Basic auth)
+    and token-like query parameters never appear in logs, errors, progress
+    text or the record.  The record is the head :func:`fetch_name`; its
+    metadata holds the (redacted) URL, the time and the sha256, and it keeps
+    the object from garbage collection.
+    """
+    from ..settings import current
+
+    src = parse_source(url)
+    want_digest, want = _expected(digest, sha256, md5)
+    force = check_flag(force, "force")
+    check_flag(progress, "progress")
+    retries = check_count(retries, "retries")
+    connect = check_seconds(connect_timeout, "connect_timeout", positive=True)
+    if max_bytes is not None:
+        max_bytes = check_count(max_bytes, "max_bytes")
+    limit_s = DEFAULT_DEADLINE if deadline is None else check_seconds(deadline, "deadline", positive=True)
+    cfg = current()
+    force = cfg.force_download if force is None else force
+    lock_timeout = lock_seconds(timeout, cfg.lock_timeout, "timeout")
+    name = fetch_name(src.url)
+    if not force:
+        hit = _fetch_hit(store, name, want_digest, want)
+        if hit is not None:
+            return hit
+    with store.refs.lock(name, timeout=lock_timeout, what=f"download of {src.shown}"):
+        if not force:
+            hit = _fetch_hit(store, name, want_digest, want)
+            if hit is not None:
+                return hit
+        refuse_pinned(store, name, f"fetch of {src.shown}")
+        end = time.monotonic() + min(limit_s, 1e9)  # finite: inf would overflow timer arithmetic
+        d, sums, size = _download(store, src, want_digest, want, retries=retries, progress=progress,
+                                  connect_timeout=min(connect, 1e9), max_bytes=max_bytes, end=end)
+        meta: Dict[str, object] = {"kind": "casstore.fetch", "url": src.shown, "fetched": time.time(), **sums}
+        write_head(store, name, {"content": Entry(d, size, {})}, meta, timeout=lock_timeout)
+        return d
+
+
+def _fetch_hit(store: Store, name: str, want_digest: Optional[Digest], want: Dict[str, str]) -> Optional[Digest]:
+    if want_digest is not None and not want and store.objects.has(want_digest):
+        return want_digest
+    if store.refs.get("heads", name) is None:
+        return None
+    try:
+        man = store.manifest(name)
+    except ObjectNotFoundError:  # removed meanwhile, or a pin with the name (a miss: refuse_pinned says why)
+        return None
+    if "content" not in man:
+        return None
+    d = man["content"].digest
+    if want_digest is not None and d != want_digest:
+        return None
+    if any(man.meta.get(algo) != v for algo, v in want.items()):
+        return None
+    return d if store.objects.has(d) else None
+
+
+class _Sink:
+    """The staging file and the running hashes of one download."""
+
+    def __init__(self, st: Staging, algos: Tuple[str, ...], bar: Progress) -> None:
+        self.st = st
+        self.algos = algos
+        self.bar = bar
+        self.got = 0
+        self.reset(truncate=False)
+
+    def reset(self, *, truncate: bool = True) -> None:
+        """Start over from byte 0 (the server ignored or broke a Range request)."""
+        if truncate:
+            os.ftruncate(self.st.fd, 0)
+            os.lseek(self.st.fd, 0, os.SEEK_SET)
+        self.got = 0
+        self.blake = new_hasher(threaded=True)
+        self.sums = {a: hashlib.new(a) for a in self.algos}
+        self.bar.done = 0
+
+    def add(self, chunk: bytes, cap: int, src: Source) -> None:
+        """Append ``chunk``; IntegrityError (before writing) if the download would pass ``cap`` bytes."""
+        if self.got + len(chunk) > cap:
+            raise IntegrityError(
+                f"download of {src.shown} exceeds {cap} bytes (its Content-Length, max_bytes or the default "
+                "limit); nothing was stored -- pass max_bytes= to allow a larger download"
+            )
+        self.blake.update(chunk)
+        for h in self.sums.values():
+            h.update(chunk)
+        self.st.write(chunk)
+        self.got += len(chunk)
+        self.bar.update(len(chunk))
+
+
+def _download(store: Store, src: Source, want_digest: Optional[Digest], want: Dict[str, str], *,
+              retries: int, progress: Optional[bool], connect_timeout: float, max_bytes: Optional[int],
+              end: float) -> Tuple[Digest, Dict[str, str], int]:
+    algos = tuple(a for a in _CHECKSUMS if a in want or a == "sha256")  # sha256 is always recorded
+    bar = Progress(None, desc=f"fetch {src.basename}", enabled=progress)
+    st = store.objects.stage("dl")
+    try:
+        sink = _Sink(st, algos, bar)
+        if src.scheme == "file":
+            _read_file(src, sink, max_bytes, end)
+        else:
+            _read_http(src, sink, retries=retries, connect_timeout=connect_timeout, max_bytes=max_bytes, end=end)
+        bar.close()
+        d = Digest(sink.blake.hexdigest())
+        sums = {a: h.hexdigest() for a, h in sink.sums.items()}
+        if want_digest is not None and d != want_digest:
+            raise IntegrityError(f"download of {src.shown} has digest {d}, expected {want_digest}; nothing was stored")
+        for algo, v in want.items():
+            if sums[algo] != v:
+                raise IntegrityError(
+                    f"download of {src.shown} has {algo} {sums[algo]}, expected {v}; nothing was stored"
+                )
+        if store.objects.touch(d):  # present: refreshed, so GC's grace covers the record that follows
+            st.abort()
+        else:
+            store.objects.publish(st, d, RAW)
+        return d, sums, sink.got
+    except BaseException:
+        st.abort()
+        raise
+
+
+def _read_file(src: Source, sink: _Sink, max_bytes: Optional[int], end: float) -> None:
+    fd, size = open_file(src)
+    try:
+        sink.bar.total = size
+        # A file that grows while read is read to its end (what is hashed is what is stored), up to the cap.
+        cap = max_bytes if max_bytes is not None else max(size, DEFAULT_MAX_BYTES)
+        while True:
+            if time.monotonic() >= end:
+                raise NetworkTimeout(f"reading {src.shown} did not finish by its deadline")
+            chunk = os.read(fd, CHUNK)
+            if not chunk:
+                return
+            sink.add(chunk, cap, src)
+    finally:
+        os.close(fd)
+
+
+def _read_http(src: Source, sink: _Sink, *, retries: int, connect_timeout: float, max_bytes: Optional[int],
+               end: float) -> None:
+    attempt = 0
+    validator: Optional[str] = None  # ETag or Last-Modified of the latest full response
+    total: Optional[int] = None  # the resource's full size, once announced
+    while True:
+        headers: Dict[str, str] = {}
+        if sink.got and validator is not None:
+            # Resume only the same version of the resource: with If-Range a
+            # server whose file changed answers 200 with all of it.
+            headers["Range"] = f"bytes={sink.got}-"
+            headers["If-Range"] = validator
+        try:
+            with get(src, headers, connect_timeout=connect_timeout, deadline=end) as resp:
+                if resp.status == 200:  # a full answer: what a later Range request must match
+                    total = resp.length
+                    validator = resp.headers.get("ETag") or resp.headers.get("Last-Modified")
+                _take_response(resp, sink, max_bytes, total)
+            return
+        except CasstoreError:
+            raise
+        except (OSError, http.client.HTTPException, _Retry) as e:
+            what = f"{type(e).__name__}: {src.scrub(str(e))}" if str(e) else type(e).__name__
+            if attempt >= retries:
+                err = NetworkTimeout if isinstance(e, TimeoutError) else BackendError
+                raise err(f"download of {src.shown} failed after {attempt + 1} attempts: {what}") from None
+            attempt += 1
+            delay = min(0.25 * 2**attempt, 8.0)
+            if time.monotonic() + delay >= end:
+                raise NetworkTimeout(f"download of {src.shown} did not finish by its deadline ({what})") from None
+            log.warning("download of %s interrupted at %d bytes (%s); retry %d/%d in %.1fs",
+                        src.shown, sink.got, what, attempt, retries, delay)
+            time.sleep(delay)
+
+
+class _Retry(Exception):
+    """A response worth trying again (a transient status, or an unusable partial answer)."""
+
+
+def _take_response(resp: Response, sink: _Sink, max_bytes: Optional[int], total: Optional[int]) -> None:
+    """Read one response into ``sink``; returns when the download is complete, raises otherwise."""
+    src = resp.source
+    status = resp.status
+    if status in (404, 410):
+        raise ObjectNotFoundError(f"{src.shown} answered {status} Not Found")
+    if status == 416 and sink.got:
+        if total is None or sink.got == total:
+            return  # nothing left to fetch
+        at = sink.got
+        sink.reset()
+        raise _Retry(f"416 at byte {at} of {total}")
+    if status in _RETRY_STATUS:
+        raise _Retry(f"HTTP {status} {resp.reason[:80]!r}")
+    if status == 206:
+        rng = parse_content_range(resp.headers.get("Content-Range"))
+        if not sink.got or rng is None or rng[0] != sink.got or (total is not None and rng[2] not in (None, total)):
+            # Not the range asked for: start over with a plain GET.
+            sink.reset()
+            raise _Retry(f"the server resumed at the wrong place ({resp.headers.get('Content-Range')!r:.80})")
+        full = total if total is not None else rng[2]
+    elif status == 200:
+        if sink.got:
+            sink.reset()  # the server ignored Range (or the resource changed): start over
+        full = resp.length
+    else:
+        raise BackendError(f"download of {src.shown} failed: HTTP {status} {resp.reason[:80]!r}")
+    if full is not None and max_bytes is not None and full > max_bytes:
+        raise IntegrityError(
+            f"{src.shown} announces {full} bytes, more than max_bytes={max_bytes}; nothing was downloaded"
+        )
+    if sink.bar.total is None and full is not None:
+        sink.bar.total = full
+    cap = full if full is not None else (max_bytes if max_bytes is not None else DEFAULT_MAX_BYTES)
+    if resp.length is not None and sink.got + resp.length > cap:
+        raise IntegrityError(f"{src.shown} answered a {resp.length}-byte body that does not fit its announced size")
+    while True:
+        chunk = resp.read(CHUNK)
+        if not chunk:
+            break
+        sink.add(chunk, cap, src)
+    resp.finish()
+    if full is not None and sink.got != full and status == 206:
+        raise http.client.IncompleteRead(b"", full - sink.got)
+
