@@ -12,10 +12,11 @@ How it is built (the reasons are in docs/index-cache.md):
 * **Live cache** (before freeze): a directory ``<store>/tmp/<pid>.<start>.<host>.<hex>.icache``
   named like every staging file, so ``sweep_stale`` removes it once its creator is dead.
   It holds ``index`` (a 64-byte header plus one 32-byte slot per index, memory-mapped
-  shared by every process), ``lock`` (an fcntl lock file) and one append-only
-  ``data.<k>`` file per writing process.  A put appends the payload to its own
-  process's data file with no lock, then takes the lock only to check and fill the
-  slot: payload first, slot second, the slot's tag word last.  A crash before the
+  shared by every process; its blocks are reserved when the cache is made, because a
+  store into an unallocated page of a shared map dies by SIGBUS on a full disk),
+  ``lock`` (an fcntl lock file) and one append-only ``data.<k>`` file per writing process.
+  A put appends the payload to its own process's data file with no lock, then takes the
+  lock only to check and fill the slot: payload first, slot second, the slot's tag word last.  A crash before the
   slot is complete leaves no entry (the tag does not match), never a partial record.
 * **Frozen file** (after freeze): ``[64-byte header][payloads in index order][table:
   32 bytes per index][64-byte footer]``.  The layout is canonical (the same records
@@ -48,7 +49,7 @@ import time
 import weakref
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, TypedDict, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, TypedDict, Union, cast
 from zlib import crc32 as _crc32
 
 import blake3
@@ -219,7 +220,7 @@ def _remove_tree(path: str, owner: int) -> None:
 def _check_store(store: object) -> Store:
     """``store`` if it is a store (anything whose ``objects`` is the local object layer)."""
     if isinstance(getattr(store, "objects", None), LocalObjects):
-        return store  # type: ignore[return-value]  # the facade is only a type here (layer rule)
+        return cast("Store", store)  # the facade is only a type here (layer rule)
     hint = " (open it first: casstore.open(path))" if isinstance(store, (str, os.PathLike)) else ""
     raise InvalidTypeError(f"IndexCache needs a casstore.Store{hint}, not {type(store).__name__}")
 
@@ -231,8 +232,8 @@ def _reserve(fd: int, size: int, where: Path) -> None:
     allocates blocks at the moment of the store; on a full disk the kernel
     can only answer with SIGBUS, which kills the process.  Reserved blocks
     make a full disk an ENOSPC here, as a :class:`~casstore.errors.DiskFullError`.
-    (On copy-on-write filesystems a reservation is weaker; they are rare
-    homes for a store's ``tmp/``.)
+    (On copy-on-write filesystems such as btrfs or ZFS a reservation does not
+    promise room for later overwrites: there a full disk can still fault.)
     """
     try:
         os.posix_fallocate(fd, 0, size)

@@ -226,8 +226,11 @@ def get_array(store: Store, digest: DigestLike, *, mmap: bool = False, verify: b
     the object is re-hashed (on a helper thread while this one reads, for large
     objects); corrupt data raises :class:`IntegrityError`.  A compressed object
     with ``mmap=True`` is first materialized raw (once, verified).  A header
-    that does not describe exactly the object's bytes raises
-    :class:`StoreFormatError`.
+    that does not describe exactly the object's bytes is refused before
+    anything is allocated: :class:`StoreFormatError` if the object is intact
+    (it was stored that way), :class:`IntegrityError` if it was damaged.
+    A missing object (even one evicted while this runs) raises
+    :class:`~casstore.errors.ObjectNotFoundError`.
     """
     d = Digest.coerce(digest)
     loc = store.objects.locate(d)
@@ -240,6 +243,7 @@ def get_array(store: Store, digest: DigestLike, *, mmap: bool = False, verify: b
 
 
 def _hashes_to(fd: int, size: int, d: Digest) -> Callable[[], bool]:
+    """The ``intact`` check of :func:`_refuse` for an open raw object file."""
     return lambda: hash_fd(fd, size) == d
 
 
