@@ -13,26 +13,40 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, BinaryIO, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Union
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Union
 
 from . import codecs
 from ._fs import fsync_dir, sweep_stale, write_file_atomic
 from ._layout import CONFIG_FILE, SUBDIRS, TMP
+from .adapters import get_array, get_arrays, open_hdf5, put_array, put_arrays
 from .codecs import CompressArg
 from .config import StoreConfig
 from .digest import Digest
 from .errors import InvalidInputError, InvalidTypeError, ReadOnlyError, StoreFormatError
+from .maintenance import GCPlan, LimitResult, Usage, VerifyReport, plan_gc, plan_limit
+from .maintenance import limit as limit_store
+from .maintenance import usage as store_usage
+from .maintenance import verify as verify_store
+from .manifests import Diff, EditTransaction, Manifest, read_manifest
+from .manifests import checkout as checkout_version
+from .manifests import diff as diff_versions
+from .manifests import freeze as freeze_head
+from .manifests import history as manifest_history
+from .manifests import pin as pin_version
+from .manifests import unpin as unpin_name
 from .objects import LocalObjects, ObjectInfo
 from .objects.base import Buffer
+from .pipelines import derive as derive_step
+from .pipelines import fetch as fetch_url
+from .refs import LocalRefs
+from .sync import Remote, TransferReport, add_remote, get_remote, load_remotes, remove_remote
+from .sync import fetch_object as fetch_remote_object
+from .sync import pull as pull_names
+from .sync import push as push_names
 
 if TYPE_CHECKING:
     import h5py
-    import numpy as np
-
-    from .maintenance.gc import GCPlan, LimitResult, Usage
-    from .maintenance.verify import VerifyReport
-    from .manifests import Diff, EditTransaction, Manifest
-    from .sync import Remote, TransferReport
+    import numpy.typing as npt
 
 __all__ = ["Store", "ObjectInfo", "open_store", "DigestLike", "PathLike", "Duration"]
 
@@ -96,8 +110,6 @@ class Store:
         self.objects = LocalObjects(self.root, self.root / TMP, durable=self.durable, level=self.config.level,
                                     compress=default)
         """The object layer."""
-        from .refs import LocalRefs
-
         self.refs = LocalRefs(self.root, durable=self.durable)
         """The refs layer (heads and pins)."""
         if self.objects.writable:
@@ -251,40 +263,28 @@ class Store:
         :class:`LockTimeout` after ``timeout`` seconds.  Entries must refer to
         objects in the store unless ``allow_missing``.
         """
-        from .manifests import EditTransaction
-
         return EditTransaction(self, name, timeout=timeout, allow_missing=allow_missing)
 
     def manifest(self, target: DigestLike) -> Manifest:
         """Lock-free read of a name's current version (pins first), or a version by digest."""
-        from .manifests import read_manifest
-
         return read_manifest(self, target)
 
     def history(self, target: DigestLike, limit: Optional[int] = None) -> List[Manifest]:
         """Versions of a name (or from a version digest), newest first."""
-        from .manifests import history
-
-        return history(self, target, limit)
+        return manifest_history(self, target, limit)
 
     def freeze(self, name: str, *, timeout: Optional[float] = 600.0) -> Digest:
         """Make head ``name`` a pin: it never changes again.  Returns the version digest."""
-        from .manifests import freeze
-
-        return freeze(self, name, timeout=timeout)
+        return freeze_head(self, name, timeout=timeout)
 
     def pin(self, name: str, target: DigestLike, *, force: bool = False,
             timeout: Optional[float] = 600.0, allow_missing: bool = False) -> Digest:
         """Name a manifest version (digest or another name) with a pin; moving one needs ``force``."""
-        from .manifests import pin
-
-        return pin(self, name, target, force=force, timeout=timeout, allow_missing=allow_missing)
+        return pin_version(self, name, target, force=force, timeout=timeout, allow_missing=allow_missing)
 
     def unpin(self, name: str, *, timeout: Optional[float] = 600.0) -> Digest:
         """Remove a pin's name; its objects are collected later by GC if nothing else holds them."""
-        from .manifests import unpin
-
-        return unpin(self, name, timeout=timeout)
+        return unpin_name(self, name, timeout=timeout)
 
     def pins(self) -> Dict[str, Digest]:
         """Every pin: name -> frozen manifest digest."""
@@ -296,15 +296,11 @@ class Store:
 
     def diff(self, a: Union[DigestLike, Manifest], b: Union[DigestLike, Manifest]) -> Diff:
         """Keys added, removed and changed from ``a`` to ``b`` (names, digests or Manifests)."""
-        from .manifests import diff
-
-        return diff(self, a, b)
+        return diff_versions(self, a, b)
 
     def checkout(self, target: DigestLike, outdir: PathLike, *, overwrite: bool = False) -> List[Path]:
         """Write a manifest's files under ``outdir`` (verified; reflinked where possible)."""
-        from .manifests import checkout
-
-        return checkout(self, target, outdir, overwrite=overwrite)
+        return checkout_version(self, target, outdir, overwrite=overwrite)
 
     # -- pipelines: fetch once, derive once (casstore.pipelines) ------------------
 
@@ -312,9 +308,7 @@ class Store:
               md5: Optional[str] = None, force: Optional[bool] = None, timeout: Optional[float] = None,
               retries: int = 5, progress: Optional[bool] = None, connect_timeout: float = 30.0) -> Digest:
         """Download ``url`` once across processes; see :func:`casstore.pipelines.fetch`."""
-        from .pipelines import fetch
-
-        return fetch(self, url, digest=digest, sha256=sha256, md5=md5, force=force, timeout=timeout,
+        return fetch_url(self, url, digest=digest, sha256=sha256, md5=md5, force=force, timeout=timeout,
                      retries=retries, progress=progress, connect_timeout=connect_timeout)
 
     def derive(self, name: str, *, inputs: Mapping[str, DeriveInput], fn: DeriveFn,
@@ -322,38 +316,28 @@ class Store:
                regenerate: Optional[bool] = None, timeout: Optional[float] = None,
                compress: CompressArg = None) -> Manifest:
         """Compute ``fn`` once per (name, inputs, params, version); see :func:`casstore.pipelines.derive`."""
-        from .pipelines import derive
-
-        return derive(self, name, inputs=inputs, fn=fn, params=params, version=version,
+        return derive_step(self, name, inputs=inputs, fn=fn, params=params, version=version,
                       regenerate=regenerate, timeout=timeout, compress=compress)
 
     # -- numpy and HDF5 adapters (casstore.adapters) -------------------------------
 
-    def put_array(self, a: np.ndarray, *, compress: CompressArg = None) -> Digest:  # type: ignore[type-arg]
+    def put_array(self, a: npt.NDArray[Any], *, compress: CompressArg = None) -> Digest:
         """Store a numpy array as a ``.npy`` object."""
-        from .adapters.arrays import put_array
-
         return put_array(self, a, compress=compress)
 
     def get_array(self, digest: DigestLike, *, mmap: bool = False,
-                  verify: bool = True) -> np.ndarray:  # type: ignore[type-arg]
+                  verify: bool = True) -> npt.NDArray[Any]:
         """Read an array; ``mmap=True`` memory-maps a raw object read-only, no copy."""
-        from .adapters.arrays import get_array
-
         return get_array(self, digest, mmap=mmap, verify=verify)
 
-    def put_arrays(self, arrays: Mapping[str, np.ndarray], *,  # type: ignore[type-arg]
+    def put_arrays(self, arrays: Mapping[str, npt.NDArray[Any]], *,
                    compress: CompressArg = None) -> Digest:
         """Store a dict of arrays; returns the digest of a manifest bundle."""
-        from .adapters.arrays import put_arrays
-
         return put_arrays(self, arrays, compress=compress)
 
     def get_arrays(self, digest: DigestLike, *, mmap: bool = False,
-                   verify: bool = True) -> Dict[str, np.ndarray]:  # type: ignore[type-arg]
+                   verify: bool = True) -> Dict[str, npt.NDArray[Any]]:
         """Read a bundle written by :meth:`put_arrays`."""
-        from .adapters.arrays import get_arrays
-
         return get_arrays(self, digest, mmap=mmap, verify=verify)
 
     def open_hdf5(self, digest: DigestLike, *, verify: bool = True,
@@ -362,8 +346,6 @@ class Store:
 
         The object is verified before h5py sees it (``verify=False`` skips that).
         """
-        from .adapters.h5 import open_hdf5
-
         return open_hdf5(self, digest, verify=verify, rdcc_nbytes=rdcc_nbytes)
 
     # -- remotes on an S3-compatible object store (casstore.sync) -------------------
@@ -375,9 +357,7 @@ class Store:
         Refs move by compare-and-swap: a lost race raises :class:`RemoteConflictError`
         (pull, then push again).
         """
-        from .sync import push
-
-        return push(self, remote, *names, force=force)
+        return push_names(self, remote, *names, force=force)
 
     def pull(self, remote: Union[Remote, str], *names: str, merge: Union[bool, str] = True) -> TransferReport:
         """Download pins/heads from ``remote``: each object verified as it arrives, refs created last.
@@ -385,34 +365,24 @@ class Store:
         A head that diverged from the local one is merged three-way by key
         unless ``merge=False``; ``merge="ours"``/``"theirs"`` settles conflicts.
         """
-        from .sync import pull
-
-        return pull(self, remote, *names, merge=merge)
+        return pull_names(self, remote, *names, merge=merge)
 
     def remotes(self) -> Dict[str, Dict[str, str]]:
         """The remotes configured in ``<root>/remotes.toml``: name -> settings (url, endpoint_url ...)."""
-        from .sync import load_remotes
-
         return load_remotes(self)
 
     def add_remote(self, name: str, url: str, *, endpoint_url: Optional[str] = None, region: Optional[str] = None,
                    profile: Optional[str] = None, replace: bool = False) -> Remote:
         """Record remote ``name`` (``s3://bucket/prefix``) in ``remotes.toml``; return it."""
-        from .sync import add_remote
-
         return add_remote(self, name, url, endpoint_url=endpoint_url, region=region, profile=profile,
                           replace=replace)
 
     def remove_remote(self, name: str) -> None:
         """Forget remote ``name`` (nothing on the remote is touched)."""
-        from .sync import remove_remote
-
         remove_remote(self, name)
 
     def remote(self, name: str, *, workers: Optional[int] = None, progress: Optional[bool] = None) -> Remote:
         """The :class:`~casstore.Remote` configured as ``name`` (``workers``: parallel transfers)."""
-        from .sync import get_remote
-
         if workers is None:
             return get_remote(self, name, progress=progress)
         return get_remote(self, name, workers=workers, progress=progress)
@@ -420,9 +390,7 @@ class Store:
     def fetch_object(self, digest: DigestLike, *, remotes: Optional[Iterable[Union[Remote, str]]] = None,
                      verify: bool = True) -> bytes:
         """``get``, but a local miss downloads the object (verified) from the first remote holding it."""
-        from .sync import fetch_object
-
-        return fetch_object(self, digest, remotes=remotes, verify=verify)
+        return fetch_remote_object(self, digest, remotes=remotes, verify=verify)
 
     # -- maintenance: gc, verify, usage, size limits (casstore.maintenance) -------
 
@@ -434,14 +402,10 @@ class Store:
         object written or re-put within ``grace`` (seconds, timedelta or
         ``"90s"``/``"10m"``/``"1h"``).  Reads no data object.  See docs/maintenance.md.
         """
-        from .maintenance.gc import plan_gc
-
         return plan_gc(self, keep_history=keep_history, grace=grace)
 
     def plan_limit(self, max_bytes: Union[int, str], *, keep_history: int = 5, grace: Duration = "1h") -> GCPlan:
         """Plan evicting least-recently-used unreferenced objects until the objects fit ``max_bytes``."""
-        from .maintenance.gc import plan_limit
-
         return plan_limit(self, max_bytes, keep_history=keep_history, grace=grace)
 
     def verify(self, *, fast: bool = False, repair: bool = False, incremental: bool = False,
@@ -454,16 +418,12 @@ class Store:
         (never deletes data).  ``workers``: hashing threads.  ``progress``: a
         bar on stderr (default: only on a terminal).
         """
-        from .maintenance.verify import verify
-
-        return verify(self, fast=fast, repair=repair, incremental=incremental, recheck_after=recheck_after,
+        return verify_store(self, fast=fast, repair=repair, incremental=incremental, recheck_after=recheck_after,
                       workers=workers, progress=progress)
 
     def usage(self) -> Usage:
         """Objects, logical and stored bytes, compression ratio, dedupe savings, per head and pin."""
-        from .maintenance.gc import usage
-
-        return usage(self)
+        return store_usage(self)
 
     def limit(self, max_bytes: Union[int, str], *, keep_history: int = 5, grace: Duration = "1h",
               dry_run: bool = False) -> LimitResult:
@@ -472,9 +432,7 @@ class Store:
         Pinned and head-referenced objects are never evicted; when the limit
         cannot be met the result says so (``met`` is False, ``message`` why).
         """
-        from .maintenance.gc import limit
-
-        return limit(self, max_bytes, keep_history=keep_history, grace=grace, dry_run=dry_run)
+        return limit_store(self, max_bytes, keep_history=keep_history, grace=grace, dry_run=dry_run)
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"

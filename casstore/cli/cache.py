@@ -42,7 +42,7 @@ def cmd_cache_info(args: argparse.Namespace) -> int:
     if info["manifest"]:
         print(f"  manifest  {info['manifest']}")
     print(f"  records   {info['records']:,} of {info['length']:,} indices")
-    size, file_size = human_bytes(info["bytes"]), human_bytes(info["file_bytes"])
+    size, file_size = human_bytes(info["bytes"]), human_bytes(info["file_bytes"] or 0)
     print(f"  payload   {size}  (file {file_size}, format {info['format']})")
     print(f"  file      {info['file']}")
     return 0
