@@ -56,12 +56,13 @@ __all__ = ["fetch", "fetch_name", "DEFAULT_MAX_BYTES", "DEFAULT_DEADLINE"]
 log = logging.getLogger("casstore.fetch")
 
 CHUNK = 1 << 20
-DEFAULT_MAX_BYTES = 1 << 40
-"""Largest download accepted when neither ``max_bytes`` nor a ``Content-Length`` bounds it (1 TiB):
-a server streaming forever must not fill the disk."""
+DEFAULT_MAX_BYTES = 64 << 30
+"""Largest download accepted when neither ``max_bytes`` nor a ``Content-Length`` bounds it (64 GiB):
+a server streaming forever must not fill the disk.  TRANSITIONAL: to become the setting ``fetch_max_bytes``."""
 DEFAULT_DEADLINE = 24 * 3600.0
 """Overall time allowed for one download, retries included, when ``deadline`` is not given (a day):
-a server trickling a byte a second ends with :class:`NetworkTimeout`, not a hang."""
+a server trickling a byte a second ends with :class:`NetworkTimeout`, not a hang.  TRANSITIONAL: to
+become the setting ``fetch_deadline``."""
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 _CHECKSUMS = ("sha256", "md5")
 
