@@ -25,6 +25,7 @@ from .errors import (
     InvalidInputError,
     InvalidTypeError,
     LockTimeout,
+    NetworkTimeout,
     ObjectNotFoundError,
     ReadOnlyError,
     RemoteConflictError,
@@ -87,5 +88,6 @@ __all__ = [
     "CacheIndexError",
     "CompressedObjectError",
     "DiskFullError",
+    "NetworkTimeout",
     "__version__",
 ]

@@ -39,8 +39,10 @@ GC_GATE = "gc.gate"
 
 
 def _root(store_or_root: object) -> Path:
-    root = getattr(store_or_root, "root", store_or_root)
-    assert isinstance(root, Path)
+    # A Path has a ``.root`` attribute too ("/"): test for a Path first.
+    root = store_or_root if isinstance(store_or_root, Path) else getattr(store_or_root, "root", None)
+    if not isinstance(root, Path):
+        raise TypeError(f"commit_lock/gc_lock take a Store or its root Path, not {type(store_or_root).__name__}")
     return root
 
 

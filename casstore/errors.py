@@ -27,6 +27,7 @@ __all__ = [
     "CacheIndexError",
     "CompressedObjectError",
     "DiskFullError",
+    "NetworkTimeout",
 ]
 
 
@@ -91,6 +92,10 @@ class DiskFullError(CasstoreError, OSError):
 
     def __str__(self) -> str:
         return str(self.strerror)
+
+
+class NetworkTimeout(BackendError, TimeoutError):
+    """A transfer made no progress within its per-read timeout, or did not finish by its deadline."""
 
 
 class RemoteConflictError(BackendError):

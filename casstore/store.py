@@ -306,10 +306,17 @@ class Store:
 
     def fetch(self, url: str, *, digest: Optional[DigestLike] = None, sha256: Optional[str] = None,
               md5: Optional[str] = None, force: Optional[bool] = None, timeout: Optional[float] = None,
-              retries: int = 5, progress: Optional[bool] = None, connect_timeout: float = 30.0) -> Digest:
-        """Download ``url`` once across processes; see :func:`casstore.pipelines.fetch`."""
+              retries: int = 5, progress: Optional[bool] = None, connect_timeout: float = 30.0,
+              max_bytes: Optional[int] = None, deadline: Optional[float] = None) -> Digest:
+        """Download ``url`` once across processes; see :func:`casstore.pipelines.fetch`.
+
+        ``max_bytes`` caps the download (default: the expected size when known, else
+        the ``fetch_max_bytes`` setting); ``deadline`` bounds the whole transfer in seconds
+        (``fetch_deadline``), besides the per-read ``connect_timeout``.
+        """
         return fetch_url(self, url, digest=digest, sha256=sha256, md5=md5, force=force, timeout=timeout,
-                     retries=retries, progress=progress, connect_timeout=connect_timeout)
+                         retries=retries, progress=progress, connect_timeout=connect_timeout,
+                         max_bytes=max_bytes, deadline=deadline)
 
     def derive(self, name: str, *, inputs: Mapping[str, DeriveInput], fn: DeriveFn,
                params: Optional[Mapping[str, object]] = None, version: object = None,

@@ -12,9 +12,10 @@ Layer 4 (docs/design.md): uses only the public layers below it --
 (lock, get, write) and the manifest model (:mod:`casstore.manifests`).
 """
 
+from ..errors import NetworkTimeout
 from .derive import DeriveFn, DeriveInput, InputKey, derive, derive_key
 from .fetch import DEFAULT_DEADLINE, DEFAULT_MAX_BYTES, fetch, fetch_name
-from .http import MAX_REDIRECTS, NetworkTimeout, redact
+from .http import MAX_REDIRECTS, redact
 
 __all__ = [
     "fetch",

@@ -41,11 +41,12 @@ from ..errors import (
     IntegrityError,
     InvalidInputError,
     InvalidTypeError,
+    NetworkTimeout,
     ObjectNotFoundError,
 )
 from ..manifests import Entry
 from .common import check_count, check_flag, check_seconds, lock_seconds, refuse_pinned, write_head
-from .http import NetworkTimeout, Response, Source, get, open_file, parse_content_range, parse_source
+from .http import Response, Source, get, open_file, parse_content_range, parse_source
 
 if TYPE_CHECKING:
     from .._fs import Staging

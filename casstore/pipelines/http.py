@@ -45,10 +45,16 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Dict, List, Mapping, Optional, Tuple, Type
 
-from ..errors import BackendError, IntegrityError, InvalidInputError, InvalidTypeError, ObjectNotFoundError
+from ..errors import (
+    BackendError,
+    IntegrityError,
+    InvalidInputError,
+    InvalidTypeError,
+    NetworkTimeout,
+    ObjectNotFoundError,
+)
 
 __all__ = [
-    "NetworkTimeout",
     "Source",
     "Response",
     "parse_source",
@@ -75,13 +81,6 @@ _CONTENT_RANGE = re.compile(r"bytes ([0-9]+)-([0-9]+)/([0-9]+|\*)")
 _MIN_SECRET = 3  # shorter "secrets" are not scrubbed from foreign text (it would garble every message)
 _TRAILER_WAIT = 0.5  # seconds to look for bytes past Content-Length before accepting a body
 _FILE_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
-
-
-class NetworkTimeout(BackendError, TimeoutError):
-    """A download made no progress within its per-read timeout, or did not finish by its deadline.
-
-    TRANSITIONAL home: belongs in :mod:`casstore.errors` (it is a ``BackendError`` and a ``TimeoutError``).
-    """
 
 
 def redact(url: str) -> str:
