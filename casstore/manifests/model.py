@@ -379,7 +379,9 @@ class EntryMap(Mapping[str, Entry]):
                 raise InvalidTypeError(f"manifest entry {k!r:.200} must be an Entry, not {type(e).__name__}")
             added = added or k not in raw
             raw[k] = _encode_entry(e)
-        return EntryMap._of(dict(sorted(raw.items())) if added else raw)
+        if added:  # new keys went to the end; sorting str keys that are nearly in order is about linear
+            raw = {k: raw[k] for k in sorted(raw)}
+        return EntryMap._of(raw)
 
     def same(self, key: str, other: EntryMap) -> bool:
         """Whether ``key`` has the same encoded entry here and in ``other`` (both must hold it).
@@ -508,11 +510,13 @@ def _decode(data: bytes, digest: Optional[Digest], *, trusted: bool) -> Tuple[Ma
     parent = doc["parent"]
     if parent is not None and not (type(parent) is bytes and len(parent) == 32):
         raise StoreFormatError(f"{what} has a malformed parent link ({parent!r:.80})")
-    canonical = True if trusted else _check_entries(raw, what)
-    keys = list(raw)
-    if keys != sorted(keys):  # hand-made, not canonical: entries are always iterated in key order
-        raw = {k: raw[k] for k in sorted(keys)}
-        canonical = False
+    canonical = True
+    if not trusted:  # trusted bytes were canonical: keys already sorted
+        canonical = _check_entries(raw, what)
+        keys = list(raw)
+        if keys != sorted(keys):  # hand-made, not canonical: entries are always iterated in key order
+            raw = {k: raw[k] for k in sorted(keys)}
+            canonical = False
     try:
         meta = canonical_map(meta, "metadata")
     except InvalidInputError as e:

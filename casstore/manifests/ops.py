@@ -261,8 +261,8 @@ class ManifestEditor(MutableMapping[str, Entry]):
         if not self._dirty and (self.base is None and not meta or self.base is not None
                                 and _packed_meta(meta) == _packed_meta(self.base.meta)):
             return self.base
-        self._check_key_conflicts(self._base_entries.with_changes(self._changes))
         entries = self._base_entries.with_changes(self._completed())
+        self._check_key_conflicts(entries)
         parent = self.base.digest if self.base is not None else None
         doc = ManifestDoc.build(entries, meta, parent)
         fault("manifest.before_object")
