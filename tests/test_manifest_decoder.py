@@ -274,6 +274,7 @@ def _check_doc(doc: ManifestDoc) -> None:
         assert isinstance(e.digest, Digest) and (e.size is None or (type(e.size) is int and e.size >= 0))
         assert all(type(mk) is str for mk in e.meta)
     assert doc.parent is None or isinstance(doc.parent, Digest)
+    assert list(doc.entries.hex_items()) == [(k, e.digest.hex, e.size) for k, e in doc.entries.items()]
     assert decode_manifest(doc.encode()) == doc
 
 

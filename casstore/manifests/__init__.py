@@ -36,7 +36,6 @@ from .ops import (
     history,
     pin,
     read_manifest,
-    remove_ref,
     resolve_target,
     unpin,
 )
@@ -65,6 +64,5 @@ __all__ = [
     "pin",
     "unpin",
     "diff",
-    "remove_ref",
     "checkout",
 ]

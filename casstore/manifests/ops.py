@@ -56,7 +56,6 @@ __all__ = [
     "pin",
     "unpin",
     "diff",
-    "remove_ref",
 ]
 
 Target = Union[str, Digest]
@@ -463,15 +462,6 @@ def unpin(store: Store, name: str, *, timeout: Optional[float] = DEFAULT_TIMEOUT
             raise ObjectNotFoundError(f"no pin named {name!r}")
         refs.remove("pins", name)
         return d
-
-
-def remove_ref(store: Store, kind: str, name: str) -> bool:
-    """Remove head or pin ``name`` (``kind``: ``"heads"``/``"pins"``); ``False`` if it did not exist.
-
-    The caller holds ``store.refs.lock(name)`` (this takes no lock: the name
-    lock is not re-entrant).
-    """
-    return store.refs.remove(kind, _name(name))
 
 
 @dataclass(frozen=True, slots=True)
