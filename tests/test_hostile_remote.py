@@ -264,8 +264,6 @@ def test_listings_ignore_keys_that_are_not_casstore_keys(tmp_path: Path, remote:
     assert sorted(b.iter_objects()) == real_objects
 
 
-@pytest.mark.xfail(strict=True, reason="casstore.refs.validate_name does not refuse control characters yet "
-                                       "(manifests.model.validate_key does); issue 11 class 7")
 def test_ref_names_with_control_characters_are_not_refs(remote: casstore.Remote, seaweed: Any) -> None:
     d = casstore.Digest.of(b"x")
     put_key(seaweed.client(), remote.url, "refs/heads/ctl\x01name", f"{d}\n".encode())

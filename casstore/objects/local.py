@@ -22,6 +22,7 @@ import errno
 import functools
 import io
 import os
+import re
 import stat as stat_mod
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,7 @@ from typing import (
 
 from .._faults import fault
 from .._fs import Staging, copy_exact, copy_range, disk_full, fsync_dir, makedirs, pwrite_all, run_beside, syncfs
-from .._layout import OBJECTS, is_fanout, object_path, parse_object_name
+from .._layout import OBJECTS, is_fanout, object_path
 from ..codecs import CODECS, RAW, ZSTD, Codec, CompressArg, file_sample_pays, normalize_compress, sample_pays
 from ..digest import Digest, hash_bytes, hash_fd, new_hasher, parse_prefix
 from ..errors import (
@@ -69,6 +70,10 @@ _READ_BUFFER = 256 << 10  # BufferedReader size for open(): see LocalObjects.ope
 OVERLAP_MIN = 16 << 20
 _BATCH = 512  # put_many: objects staged per filesystem sync
 _MODE = 0o444  # objects are read-only for everyone
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# An object file name under a fan-out directory: 62 hex digits and a codec suffix.
+_BY_SUFFIX: Dict[str, Codec] = {c.suffix: c for c in CODECS}
+_OBJ_NAME = re.compile("([0-9a-f]{62})(" + "|".join(re.escape(c.suffix) for c in CODECS if c.suffix) + ")?")
 # verify_file's memo: (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) -> hex, oldest first.
 _VERIFIED: Dict[Tuple[int, int, int, int, int], str] = {}
 _VERIFIED_MAX = 4096
@@ -412,15 +417,16 @@ class LocalObjects(ObjectStore):
             os.set_blocking(src, True)
             size = fst.st_size
             fault("objects.put_path.sized")
-            if not stat_mod.S_ISREG(fst.st_mode):
-                # Hazard: a FIFO with no writer blocks forever, /dev/zero never ends.
+            if stat_mod.S_ISCHR(fst.st_mode):
+                # Hazard: /dev/zero and /dev/urandom never end (a put would fill the disk).
                 raise InvalidInputError(
-                    f"{p} is not a regular file (a FIFO, device or socket); put_path stores regular files: "
-                    "read special files with put_stream() (CLI: `casstore put -` reads stdin)"
+                    f"{p} is a character device; put_path stores files and pipes: read a device "
+                    "with put_stream() and a bound of your own"
                 )
-            # A regular file whose st_size is 0 may still hold data (procfs): stream
-            # it to its end instead of trusting the size.
-            if size == 0:
+            # A pipe (the caller named it: its writer is theirs), or a regular file
+            # whose st_size is 0 but may still hold data (procfs): stream it to its
+            # end instead of trusting the size.
+            if not stat_mod.S_ISREG(fst.st_mode) or size == 0:
                 with io.FileIO(src, "rb", closefd=False) as f:
                     return self.put_stream(f, compress=compress)
             level = self.level_for(compress)
@@ -688,44 +694,65 @@ class LocalObjects(ObjectStore):
     def scan(self, prefix: str = "") -> Tuple[List[ObjFile], List[Path]]:
         """Every object file and every stray entry (wrong name or type) under ``objects/``.
 
-        THE scanner: ``scandir`` + ``lstat``, it never opens an object.
-        ``prefix`` (hex) narrows the scan to the fan-out directories that can
-        match (strays are then not reported).
+        THE scanner: ``scandir`` + ``lstat``, it never opens an object.  The
+        ``objects/`` and fan-out directories are opened with ``O_NOFOLLOW``: a
+        member of a shared store who swaps one for a symlink cannot make the
+        scan (or gc, or verify, which act on what it finds) wander outside the
+        store; the link is reported as a stray.  ``prefix`` (hex) narrows the
+        scan to the fan-out directories that can match (strays are then not
+        reported).
         """
         files: List[ObjFile] = []
         strays: List[Path] = []
         objdir = self.root / OBJECTS
         try:
-            fans = sorted(os.scandir(objdir), key=lambda e: e.name)
+            top = os.open(objdir, _DIR_FLAGS)
         except FileNotFoundError:
             return files, strays
-        except NotADirectoryError:
-            raise StoreFormatError(f"{objdir} is not a directory: the store is damaged") from None
-        for fan in fans:
-            if prefix and not fan.name.startswith(prefix[:2]):
-                continue
-            if not is_fanout(fan.name) or not fan.is_dir(follow_symlinks=False):
-                strays.append(Path(fan.path))
-                continue
-            try:
-                ents = sorted(os.scandir(fan.path), key=lambda e: e.name)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            for ent in ents:
-                parsed = parse_object_name(fan.name, ent.name)
-                if parsed is not None and prefix and not parsed[0].hex.startswith(prefix):
+        except OSError as e:
+            if e.errno in (errno.ENOTDIR, errno.ELOOP):
+                raise StoreFormatError(
+                    f"{objdir} is not a directory (a file or a symbolic link): the store is damaged"
+                ) from None
+            raise
+        try:
+            fans = sorted(os.scandir(top), key=lambda e: e.name)
+            for fan in fans:
+                if prefix and not fan.name.startswith(prefix[:2]):
+                    continue
+                fan_path = objdir / fan.name
+                if not is_fanout(fan.name) or not fan.is_dir(follow_symlinks=False):
+                    strays.append(fan_path)
                     continue
                 try:
-                    st = ent.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue  # deleted while we looked (GC)
-                if parsed is None or not stat_mod.S_ISREG(st.st_mode):
-                    if not prefix:
-                        strays.append(Path(ent.path))
+                    fd = os.open(fan.name, _DIR_FLAGS, dir_fd=top)
+                except OSError:  # removed, or swapped for a link since the listing
                     continue
-                files.append(ObjFile(parsed[0].hex, parsed[1], ent.path, st.st_size,
-                                     st.st_mtime, st.st_atime, st.st_mtime_ns, st.st_ino))
+                try:
+                    self._scan_fan(fd, fan.name, str(fan_path) + "/", prefix, files, strays)
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(top)
         return files, strays
+
+    @staticmethod
+    def _scan_fan(fd: int, fan: str, base: str, prefix: str, files: List[ObjFile], strays: List[Path]) -> None:
+        # Entries are stat-ed relative to ``fd``: it stays open until the last one.
+        for ent in sorted(os.scandir(fd), key=lambda e: e.name):
+            m = _OBJ_NAME.fullmatch(ent.name)  # no Digest per file: 100k-object scans stay cheap
+            if m is not None and prefix and not (fan + m.group(1)).startswith(prefix):
+                continue
+            try:
+                st = ent.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # deleted while we looked (GC)
+            if m is None or not stat_mod.S_ISREG(st.st_mode):
+                if not prefix:
+                    strays.append(Path(base + ent.name))
+                continue
+            files.append(ObjFile(fan + m.group(1), _BY_SUFFIX[m.group(2) or ""], base + ent.name,
+                                 st.st_size, st.st_mtime, st.st_atime, st.st_mtime_ns, st.st_ino))
 
     def iter_digests(self) -> Iterator[Digest]:
         """Every object's digest, in digest order (each once, whatever its codec)."""

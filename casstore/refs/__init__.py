@@ -14,10 +14,9 @@ from .local import (  # TRANSITIONAL: the function names are re-exported until e
     read_ref,
     ref_path,
     remove_ref,
-    validate_key,
     validate_name,
     write_ref,
 )
 
-__all__ = ["Ref", "RefStore", "KINDS", "LocalRefs", "validate_key", "validate_name", "list_refs", "lock_path",
+__all__ = ["Ref", "RefStore", "KINDS", "LocalRefs", "validate_name", "list_refs", "lock_path",
            "read_ref", "ref_path", "remove_ref", "write_ref"]

@@ -31,46 +31,11 @@ from .._fs import fsync_dir, makedirs, write_file_atomic
 from .._layout import HEADS, LOCKS, PINS, TMP
 from .._lock import DEFAULT_TIMEOUT, FileLock
 from ..digest import Digest, new_hasher
+from .._paths import MAX_KEY_BYTES, MAX_SEGMENTS, validate_key
 from ..errors import InvalidDigestError, InvalidInputError, InvalidTypeError, StoreFormatError
 from .base import KINDS, Ref, RefStore
 
-__all__ = ["LocalRefs", "validate_key", "validate_name", "read_ref", "write_ref", "list_refs", "ref_path", "lock_path"]
-
-_MAX_KEY = 4096
-_MAX_SEGMENT = 255
-
-
-def validate_key(key: object, what: str = "key") -> str:
-    """Return ``key`` if it is a normalized POSIX relative path, else raise InvalidInputError."""
-    if not isinstance(key, str):
-        raise InvalidTypeError(f"a manifest {what} must be a str, not {type(key).__name__}")
-    problem = None
-    if not key:
-        problem = "it is empty"
-    elif len(key) > _MAX_KEY:
-        problem = f"it is longer than {_MAX_KEY} characters"
-    elif "\x00" in key:
-        problem = "it contains NUL"
-    elif "\\" in key:
-        problem = "it contains a backslash (use '/')"
-    elif key.startswith("/"):
-        problem = "it is absolute"
-    else:
-        for seg in key.split("/"):
-            if seg == "":
-                problem = "it has an empty segment ('//' or a trailing '/')"
-            elif seg in (".", ".."):
-                problem = f"it has a '{seg}' segment"
-            elif len(seg.encode("utf-8", "surrogatepass")) > _MAX_SEGMENT:
-                problem = f"a segment is longer than {_MAX_SEGMENT} bytes"
-            if problem:
-                break
-    if problem:
-        raise InvalidInputError(
-            f"invalid {what} {key!r}: {problem}; {what}s are normalized relative POSIX paths like 'data/train.h5'"
-        )
-    return key
-
+__all__ = ["LocalRefs", "validate_name", "read_ref", "write_ref", "list_refs", "ref_path", "lock_path"]
 
 def validate_name(name: object) -> str:
     """Validate a head or pin name (a key that also may not contain ':')."""
@@ -146,12 +111,15 @@ def list_refs(root: Path, kind: str) -> Dict[str, Digest]:
         rel = todo.pop()
         try:
             ents = list(os.scandir(base / rel if rel else base))
-        except (FileNotFoundError, NotADirectoryError):
+        except OSError:  # gone meanwhile, not a directory, or a planted tree past PATH_MAX
             continue
         for ent in ents:
             name = f"{rel}/{ent.name}" if rel else ent.name
             if ent.is_dir(follow_symlinks=False):
-                todo.append(name)
+                # A valid name has at most MAX_SEGMENTS segments and MAX_KEY_BYTES bytes:
+                # deeper subtrees hold no ref, so a planted deep tree is never walked.
+                if name.count("/") + 1 < MAX_SEGMENTS and len(name) < MAX_KEY_BYTES:
+                    todo.append(name)
                 continue
             try:
                 name = validate_name(name)
