@@ -87,6 +87,8 @@ def _own_cache_then_die(root: str, out: Any) -> None:
     c = IndexCache(store, 10)
     c.put(1, b"one")
     out.put(str(c._dir))
+    out.close()
+    out.join_thread()  # flushed to the pipe before the kill
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -233,10 +235,10 @@ def test_sigkill_a_busy_writer_at_random_moments(store: casstore.Store) -> None:
 def test_dead_owners_directory_is_swept(store: casstore.Store, method: str) -> None:
     ctx = mp.get_context(method)
     mine = IndexCache(store, 5)
-    out = ctx.SimpleQueue()  # written synchronously: the child dies right after
+    out = ctx.Queue()
     p = ctx.Process(target=_own_cache_then_die, args=(str(store.root), out))
     p.start()
-    dead_dir = Path(out.get())
+    dead_dir = Path(out.get(timeout=JOIN))  # a child that failed early must not hang the suite
     _join([p])
     assert dead_dir.exists()
     assert mine._dir is not None
