@@ -68,6 +68,13 @@ class Codec(ABC):
         naming ``what``; nothing beyond ``size`` is ever buffered.
         """
 
+    def header_problem(self, fd: int, file_size: int) -> Optional[str]:
+        """Why an open object file cannot be of this codec, from its framing alone (``None``: it can be).
+
+        Cheap checks only (a magic number, a trailer): ``verify --fast`` relies on them.
+        """
+        return None
+
     def decode(self, stored: Buffer, size: int, *, what: str) -> bytes:
         """The uncompressed bytes of a whole stored object held in memory (bounded by ``size``)."""
         parts: List[bytes] = []
@@ -112,6 +119,7 @@ class RawCodec(Codec):
 
 # zstd objects end with a skippable frame recording the uncompressed size, so
 # stat() needs no decompression; every zstd decoder skips it (docs/format.md).
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # every zstd frame starts with it (RFC 8878)
 _TRAILER_MAGIC = 0x184D2A5E
 _TRAILER_TAG = b"CSZ1"
 _TRAILER = struct.Struct("<II4sQ")
@@ -180,6 +188,14 @@ class ZstdCodec(Codec):
         if magic != _TRAILER_MAGIC or ln != 12 or tag != _TRAILER_TAG:
             return None
         return int(size)
+
+    def header_problem(self, fd: int, file_size: int) -> Optional[str]:
+        """A zstd object starts with a zstd frame's magic number and ends with the size trailer."""
+        if self.size_of(fd, file_size) is None:
+            return "has no size trailer (truncated or damaged)"
+        if os.pread(fd, 4, 0) != _ZSTD_MAGIC:
+            return "does not start with a zstd frame"
+        return None
 
     def encode(self, data: Buffer, level: int) -> bytes:
         """One zstd frame (content size recorded) plus the size trailer."""

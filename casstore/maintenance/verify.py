@@ -53,7 +53,6 @@ from .._fs import makedirs, stale_entries, sweep_stale, write_file_atomic
 from .._layout import BAD, OBJECTS
 from .._progress import Progress, human_bytes
 from .._shared import STATE
-from ..codecs import ZSTD, Codec
 from ..digest import Digest, hash_bytes, hash_fd, new_hasher
 from ..errors import IntegrityError, InvalidInputError, InvalidTypeError, ObjectNotFoundError, StoreFormatError
 from ..objects.local import LocalObjects, ObjFile
@@ -76,10 +75,6 @@ StateRecord = List[object]
 EMPTY_HEX = hash_bytes(b"").hex
 _SMALL = 1 << 20  # below this, hashing on the scanning thread beats a hop to the pool
 _CHUNK = 1 << 20  # decoded bytes hashed per read (bounded memory)
-# TRANSITIONAL (until codecs grows ``Codec.looks_valid(fd, file_size)``): the bytes a
-# stored file of a codec starts with, keyed by the codec object (never by its name).
-_HEADERS: Mapping[Codec, bytes] = MappingProxyType({ZSTD: b"\x28\xb5\x2f\xfd"})
-
 
 @dataclass(frozen=True, slots=True)
 class VerifyReport:
@@ -202,12 +197,11 @@ def _check_open(f: ObjFile, fd: int, size: int, expected: Optional[int], fast: b
     codec = f.codec
     if size == 0 and f.hex != EMPTY_HEX:
         return _Check("corrupt", 0, f"file {f.path} is empty (lost in a crash?)")
+    problem = codec.header_problem(fd, size)
+    if problem is not None:
+        return _Check("corrupt", 0, f"{codec.name} file {f.path} {problem}")
     usize = codec.size_of(fd, size)
-    if usize is None:
-        return _Check("corrupt", 0, f"{codec.name} file {f.path} has no size trailer (truncated or damaged)")
-    header = _HEADERS.get(codec)
-    if header is not None and os.pread(fd, len(header), 0) != header:
-        return _Check("corrupt", 0, f"{codec.name} file {f.path} does not start with a {codec.name} frame")
+    assert usize is not None  # header_problem checked it
     if fast:
         if expected is not None and usize != expected:
             what = "has" if codec.byte_exact else "holds"
