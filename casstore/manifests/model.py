@@ -41,13 +41,13 @@ Hazards this module is built around (issues 10 and 11):
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, NoReturn, Optional, Set, Tuple, Union
 
 import msgpack
 
+from .._paths import BAD_CHAR, MAX_KEY_BYTES, MAX_SEGMENT_BYTES, MAX_SEGMENTS, key_problem, validate_key
 from ..digest import Digest
 from ..errors import InvalidInputError, InvalidTypeError, StoreFormatError
 
@@ -76,12 +76,6 @@ __all__ = [
 
 MANIFEST_FORMAT = 1
 """The manifest format (``"v"``); readers refuse versions they do not know."""
-MAX_KEY_BYTES = 4096
-"""Longest key, in UTF-8 bytes (Linux's PATH_MAX)."""
-MAX_SEGMENT_BYTES = 255
-"""Longest key segment, in UTF-8 bytes (the longest file name on common filesystems)."""
-MAX_SEGMENTS = 256
-"""Most segments in one key (directory depth of a checkout)."""
 MAX_META_DEPTH = 64
 """Deepest nesting of lists and maps in metadata (the metadata map itself is level 1)."""
 
@@ -90,15 +84,14 @@ _FIELDS = frozenset({"casstore", "entries", "meta", "parent", "v"})
 _INT_MIN, _INT_MAX = -(2**63), 2**64  # what msgpack can carry: int64 and uint64
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
-# C0 and C1 control characters (NUL, newline, ESC...), DEL, backslash and lone surrogates.
-_BAD_CHAR = re.compile("[\x00-\x1f\x7f-\x9f\\\\\ud800-\udfff]")
 # Printable ASCII except backslash: ``bytes.translate(None, _PLAIN_ASCII)`` leaves what is not.
 _PLAIN_ASCII = bytes(c for c in range(0x20, 0x7F) if c != ord("\\"))
-# Keys up to this many characters cannot break a length or depth limit: 255 ASCII
-# characters are 255 bytes (< MAX_SEGMENT_BYTES + 1, < MAX_KEY_BYTES) and hold at most 128
-# segments (< MAX_SEGMENTS); 63 characters of any kind are at most 252 UTF-8 bytes.
-_SHORT_ASCII = 255
-_SHORT_ANY = 63
+# Keys up to this many characters cannot break a length or depth limit, so the bulk check
+# need not measure them: k ASCII characters are k bytes, k characters of any kind at most 4k
+# UTF-8 bytes, and k characters without empty segments hold at most (k + 1) // 2 segments.
+# (255 and 63 with the limits of casstore._paths; computed, so a change there keeps this sound.)
+_SHORT_ASCII = min(MAX_SEGMENT_BYTES, MAX_KEY_BYTES, 2 * MAX_SEGMENTS - 1)
+_SHORT_ANY = min(min(MAX_SEGMENT_BYTES, MAX_KEY_BYTES) // 4, 2 * MAX_SEGMENTS - 1)
 
 # Digests of versions this process decoded and validated after a verified read (or
 # encoded itself): the same digest means the same bytes, so the same verdict.
@@ -107,63 +100,6 @@ _VALIDATED_MAX = 4096
 
 
 # -- keys -------------------------------------------------------------------------------
-
-
-def _key_problem(key: str) -> Optional[str]:
-    """Why ``key`` is not a valid key, or ``None`` (``key`` is a str)."""
-    if not key:
-        return "it is empty"
-    m = _BAD_CHAR.search(key)
-    if m is not None:
-        c = m.group()
-        if c == "\x00":
-            return "it contains NUL"
-        if c == "\\":
-            return "it contains a backslash (use '/')"
-        if "\ud800" <= c <= "\udfff":
-            return ("it is not valid Unicode (a lone surrogate, e.g. a file name in another encoding "
-                    "decoded with surrogateescape)")
-        return f"it contains the control character U+{ord(c):04X}"
-    n = len(key.encode("utf-8"))
-    if n > MAX_KEY_BYTES:
-        return f"it is {n} bytes long, more than {MAX_KEY_BYTES}"
-    if key.startswith("/"):
-        return "it is absolute"
-    segs = key.split("/")
-    if len(segs) > MAX_SEGMENTS:
-        return f"it has {len(segs)} segments, more than {MAX_SEGMENTS}"
-    for seg in segs:
-        if seg == "":
-            return "it has an empty segment ('//' or a trailing '/')"
-        if seg in (".", ".."):
-            return f"it has a '{seg}' segment"
-        if len(seg) > _SHORT_ANY and len(seg.encode("utf-8")) > MAX_SEGMENT_BYTES:
-            return f"a segment is longer than {MAX_SEGMENT_BYTES} bytes"
-    return None
-
-
-def validate_key(key: object, what: str = "key") -> str:
-    """Return ``key`` if it is a valid manifest key (or name), else raise.
-
-    A key is a normalized relative POSIX path like ``data/train.h5``: a
-    non-empty str of valid Unicode, at most :data:`MAX_KEY_BYTES` UTF-8 bytes
-    and :data:`MAX_SEGMENTS` segments of at most :data:`MAX_SEGMENT_BYTES`
-    bytes each; no leading ``/``, no empty, ``.`` or ``..`` segment, no
-    backslash, NUL or other control character.  Joined to a directory, a valid
-    key always names a path inside it.  Raises
-    :class:`~casstore.errors.InvalidTypeError` for a non-str and
-    :class:`~casstore.errors.InvalidInputError` otherwise (the decoder turns
-    both into :class:`~casstore.errors.StoreFormatError`).
-    """
-    if not isinstance(key, str):
-        raise InvalidTypeError(f"a manifest {what} must be a str, not {type(key).__name__}")
-    problem = _key_problem(key)
-    if problem is not None:
-        raise InvalidInputError(
-            f"invalid {what} {key!r:.200}: {problem}; {what}s are normalized relative POSIX paths "
-            "like 'data/train.h5'"
-        )
-    return key
 
 
 def _keys_plainly_valid(keys: List[str]) -> bool:
@@ -187,11 +123,11 @@ def _keys_plainly_valid(keys: List[str]) -> bool:
             return False
         short = _SHORT_ASCII
     else:
-        if _BAD_CHAR.search(joined) is not None:
+        if BAD_CHAR.search(joined) is not None:
             return False
         short = _SHORT_ANY
     if keys and max(map(len, keys)) > short:
-        return all(_key_problem(k) is None for k in keys if len(k) > short)
+        return all(key_problem(k) is None for k in keys if len(k) > short)
     return True
 
 

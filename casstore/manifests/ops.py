@@ -62,8 +62,8 @@ Target = Union[str, Digest]
 
 
 def _name(name: object) -> str:
-    """A head or pin name: a valid key (model rules: no control characters, no lone surrogates...) without ':'."""
-    return validate_name(validate_key(name, "name"))
+    """A head or pin name (:func:`casstore.refs.validate_name`: the key rules, and no ':')."""
+    return validate_name(name)
 
 
 def _timeout(timeout: object) -> Optional[float]:
