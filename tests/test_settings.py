@@ -58,7 +58,7 @@ def test_defaults(home: Path) -> None:
 def test_casstore_toml_found_from_a_subdirectory(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (home / "casstore.toml").write_text(
         'store = "/data/store"\ncompression = "zstd"\nlock_timeout = 30\nforce_download = true\n'
-        'regenerate = "yes"\ndurable = false\n')
+        'regenerate = true\ndurable = false\n')
     monkeypatch.chdir(home / "src" / "deep")
     s = load_settings()
     assert s.file == str(home / "casstore.toml")
@@ -180,6 +180,8 @@ def test_open_without_a_path_uses_the_settings(home: Path, monkeypatch: pytest.M
     ('lock_timeout = nan\n', "lock_timeout"),
     ("lock_timeout = true\n", "lock_timeout"),
     ('force_download = "maybe"\n', "force_download"),
+    ('regenerate = "yes"\n', "regenerate"),  # a TOML string is not a boolean, whatever it says
+    ('lock_timeout = "30"\n', "lock_timeout"),
     ('regenerate = 2\n', "regenerate"),
     ('compression = "lz4"\n', "compression"),
     ("compression = 99\n", "compression"),
@@ -300,14 +302,12 @@ def test_force_download_and_regenerate_settings_from_a_file(home: Path, server: 
 
 def test_lock_timeout_setting_applies(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A derive waiting on a held lock gives up after the configured lock_timeout."""
-    from casstore._lock import FileLock
     from casstore.errors import LockTimeout
-    from casstore.refs import lock_path
 
     store = casstore.open(home / "store", durable=False)
     src = store.put(b"x")
     monkeypatch.setenv("CASSTORE_LOCK_TIMEOUT", "0.2")
-    held = FileLock(lock_path(store.root, "derive", "busy"), timeout=1)  # the lock derive("busy") takes
+    held = store.refs.lock("busy", timeout=1)  # the lock derive("busy") takes (the name's lock)
     # flock locks are per open file description, so a second one in this process conflicts too.
     with held:
         with pytest.raises(LockTimeout, match="0.2s"):
