@@ -7,16 +7,6 @@
 from __future__ import annotations
 
 from .base import KINDS, Ref, RefStore
-from .local import (  # TRANSITIONAL: the function names are re-exported until every caller uses LocalRefs
-    LocalRefs,
-    list_refs,
-    lock_path,
-    read_ref,
-    ref_path,
-    remove_ref,
-    validate_name,
-    write_ref,
-)
+from .local import LocalRefs, validate_name
 
-__all__ = ["Ref", "RefStore", "KINDS", "LocalRefs", "validate_name", "list_refs", "lock_path",
-           "read_ref", "ref_path", "remove_ref", "write_ref"]
+__all__ = ["Ref", "RefStore", "KINDS", "LocalRefs", "validate_name"]

@@ -30,12 +30,12 @@ from typing import Dict, List, Optional
 from .._fs import fsync_dir, makedirs, write_file_atomic
 from .._layout import HEADS, LOCKS, PINS, TMP
 from .._lock import DEFAULT_TIMEOUT, FileLock
-from ..digest import Digest, new_hasher
 from .._paths import MAX_KEY_BYTES, MAX_SEGMENTS, validate_key
+from ..digest import Digest, new_hasher
 from ..errors import InvalidDigestError, InvalidInputError, InvalidTypeError, StoreFormatError
 from .base import KINDS, Ref, RefStore
 
-__all__ = ["LocalRefs", "validate_name", "read_ref", "write_ref", "list_refs", "ref_path", "lock_path"]
+__all__ = ["LocalRefs", "validate_name"]
 
 def validate_name(name: object) -> str:
     """Validate a head or pin name (a key that also may not contain ':')."""
@@ -46,12 +46,12 @@ def validate_name(name: object) -> str:
     return name
 
 
-def ref_path(root: Path, kind: str, name: str) -> Path:
+def _ref_path(root: Path, kind: str, name: str) -> Path:
     """``<root>/refs/heads/<name>`` or ``<root>/refs/pins/<name>``."""
     return root / (HEADS if kind == "heads" else PINS) / name
 
 
-def lock_path(root: Path, kind: str, name: str) -> Path:
+def _lock_path(root: Path, kind: str, name: str) -> Path:
     """Sidecar lock file for a name: ``<root>/locks/<kind>/<blake3(name)[:32]>.lock``.
 
     Hashed, not ``<name>.lock``: the names ``x`` and ``x.lock/y`` are both valid,
@@ -62,9 +62,9 @@ def lock_path(root: Path, kind: str, name: str) -> Path:
     return root / LOCKS / kind / f"{h.hexdigest()[:32]}.lock"
 
 
-def read_ref(root: Path, kind: str, name: str) -> Optional[Digest]:
+def _read_ref(root: Path, kind: str, name: str) -> Optional[Digest]:
     """Lock-free read of a ref; ``None`` if it does not exist."""
-    p = ref_path(root, kind, name)
+    p = _ref_path(root, kind, name)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
@@ -88,9 +88,9 @@ def read_ref(root: Path, kind: str, name: str) -> Optional[Digest]:
         raise StoreFormatError(f"ref {p} is damaged (content {text[:80]!r}); restore it or remove it") from None
 
 
-def write_ref(root: Path, kind: str, name: str, digest: Digest, *, durable: bool = True) -> None:
+def _write_ref(root: Path, kind: str, name: str, digest: Digest, *, durable: bool = True) -> None:
     """Point a ref at ``digest`` by atomic rename (creating parent dirs as needed)."""
-    p = ref_path(root, kind, name)
+    p = _ref_path(root, kind, name)
     if p.is_dir():
         raise InvalidInputError(f"name {name!r} is a prefix of other names ({p} is a directory); choose another")
     try:
@@ -102,7 +102,7 @@ def write_ref(root: Path, kind: str, name: str, digest: Digest, *, durable: bool
     write_file_atomic(root / TMP, p, f"{digest}\n".encode(), durable=durable, mode=0o444)
 
 
-def list_refs(root: Path, kind: str) -> Dict[str, Digest]:
+def _list_refs(root: Path, kind: str) -> Dict[str, Digest]:
     """All refs of a kind, name -> digest, sorted by name."""
     base = root / (HEADS if kind == "heads" else PINS)
     out: Dict[str, Digest] = {}
@@ -123,7 +123,7 @@ def list_refs(root: Path, kind: str) -> Dict[str, Digest]:
                 continue
             try:
                 name = validate_name(name)
-                d = read_ref(root, kind, name)
+                d = _read_ref(root, kind, name)
             except (InvalidInputError, InvalidTypeError, StoreFormatError):
                 continue  # not a ref casstore wrote (verify reports stray files)
             if d is not None:
@@ -131,9 +131,9 @@ def list_refs(root: Path, kind: str) -> Dict[str, Digest]:
     return dict(sorted(out.items()))
 
 
-def remove_ref(root: Path, kind: str, name: str, *, durable: bool = True) -> bool:
+def _remove_ref(root: Path, kind: str, name: str, *, durable: bool = True) -> bool:
     """Remove a ref file; ``False`` if it did not exist."""
-    p = ref_path(root, kind, name)
+    p = _ref_path(root, kind, name)
     try:
         os.unlink(p)
     except FileNotFoundError:
@@ -154,21 +154,21 @@ class LocalRefs(RefStore):
 
     def lock(self, name: str, *, timeout: Optional[float] = DEFAULT_TIMEOUT, what: str = "") -> FileLock:
         """The lock of one name (heads and pins alike): hold it across a read-modify-write."""
-        return FileLock(lock_path(self.root, "names", validate_name(name)), timeout=timeout,
+        return FileLock(_lock_path(self.root, "names", validate_name(name)), timeout=timeout,
                         what=what or f"name {name!r}")
 
     def read(self, kind: str, name: str) -> Optional[Ref]:
         """Lock-free read; the token of a local ref is its digest."""
-        d = read_ref(self.root, _kind(kind), validate_name(name))
+        d = _read_ref(self.root, _kind(kind), validate_name(name))
         return None if d is None else Ref(d, d.hex)
 
     def write(self, kind: str, name: str, digest: Digest) -> None:
         """Point a ref at ``digest`` by atomic rename (the caller holds :meth:`lock`)."""
-        write_ref(self.root, _kind(kind), validate_name(name), digest, durable=self.durable)
+        _write_ref(self.root, _kind(kind), validate_name(name), digest, durable=self.durable)
 
     def remove(self, kind: str, name: str) -> bool:
         """Remove a ref (the caller holds :meth:`lock`); ``False`` if it did not exist."""
-        return remove_ref(self.root, _kind(kind), validate_name(name), durable=self.durable)
+        return _remove_ref(self.root, _kind(kind), validate_name(name), durable=self.durable)
 
     def compare_and_swap(self, kind: str, name: str, new: Optional[Digest], expected: Optional[Ref], *,
                          timeout: Optional[float] = DEFAULT_TIMEOUT) -> bool:
@@ -186,7 +186,7 @@ class LocalRefs(RefStore):
 
     def list(self, kind: str) -> Dict[str, Digest]:
         """Every ref of a kind, name -> digest, sorted by name."""
-        return list_refs(self.root, _kind(kind))
+        return _list_refs(self.root, _kind(kind))
 
     def __repr__(self) -> str:
         return f"LocalRefs({str(self.root)!r})"
