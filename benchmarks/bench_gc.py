@@ -81,7 +81,7 @@ def bench_plan_gc(quick: bool) -> List[Row]:
         sample = [store.path(d) for d in digests[::997]]
         for p in sample:
             os.utime(p, (week, time.time() - 3600))
-        plans: List[casstore.gc.GCPlan] = []
+        plans: List[casstore.GCPlan] = []
 
         def floor(_r: int) -> None:
             n = 0

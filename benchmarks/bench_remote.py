@@ -1,4 +1,4 @@
-"""Benchmarks of remotes (casstore.remote) against a real SeaweedFS server on loopback.
+"""Benchmarks of remotes (casstore.sync) against a real SeaweedFS server on loopback.
 
 Push and pull of 100 x 1 MiB and 1,000 x 4 KiB objects, next to the bare boto3
 loop doing the same puts/gets against the same server (the floor): a sequential
