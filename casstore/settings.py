@@ -276,6 +276,22 @@ def _seconds_env(text: str) -> float:
     return _seconds(float(v))  # "1e999" is inf here, refused as not finite
 
 
+MAX_BYTES_SETTING = 1 << 62  # any real size fits; a typo of 20 digits does not
+
+
+def _bytes_toml(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_BYTES_SETTING:
+        raise _Refused()
+    return value
+
+
+def _bytes_env(text: str) -> int:
+    v = text.strip()
+    if not re.fullmatch(r"[0-9]{1,19}", v) or not 0 < int(v) <= MAX_BYTES_SETTING:
+        raise _Refused()
+    return int(v)
+
+
 def _compression_name(text: str) -> str:
     name = _COMPRESSION_NAMES.get(text.lower())
     if name is None:
@@ -343,6 +359,8 @@ _SECONDS = Kind("seconds", f"a number of seconds from 0 to {MAX_LOCK_TIMEOUT:.0f
 _COMPRESSION = Kind("compression", '"raw", "zstd" (or "none"/"off", "auto"/"on"), true/false or an integer zstd '
                     "level 1-22", "raw, zstd (or none/off, auto/on) or a zstd level 1-22",
                     _compression_toml, _compression_env)
+_BYTES = Kind("bytes", f"a whole number of bytes from 1 to {MAX_BYTES_SETTING} (unquoted)",
+              f"ASCII digits: a number of bytes from 1 to {MAX_BYTES_SETTING}", _bytes_toml, _bytes_env)
 _PATH = Kind("path", "a non-empty directory path string", "a non-empty directory path",
              _store_toml, _store_path, relative_to_file=True)
 
@@ -353,6 +371,8 @@ KNOBS: Mapping[str, Knob] = MappingProxyType({
     "force_download": Knob("CASSTORE_FORCE_DOWNLOAD", False, _BOOL),
     "regenerate": Knob("CASSTORE_REGENERATE", False, _BOOL),
     "durable": Knob("CASSTORE_DURABLE", None, _BOOL),
+    "fetch_max_bytes": Knob("CASSTORE_FETCH_MAX_BYTES", 64 << 30, _BYTES),
+    "fetch_deadline": Knob("CASSTORE_FETCH_DEADLINE", 24 * 3600.0, _SECONDS),
 })
 """knob -> :class:`Knob` (environment variable, default, :class:`Kind`): the one source of truth."""
 
@@ -367,6 +387,10 @@ class Settings:
     force_download: bool
     regenerate: bool
     durable: Optional[bool]
+    fetch_max_bytes: int
+    """Largest download ``fetch`` accepts when the server announces no size and no checksum names one."""
+    fetch_deadline: float
+    """Seconds a whole ``fetch`` may take (besides the per-read timeout)."""
     sources: Mapping[str, str] = field(default_factory=dict)
     file: Optional[str] = None
 

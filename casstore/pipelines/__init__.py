@@ -14,7 +14,7 @@ Layer 4 (docs/design.md): uses only the public layers below it --
 
 from ..errors import NetworkTimeout
 from .derive import DeriveFn, DeriveInput, InputKey, derive, derive_key
-from .fetch import DEFAULT_DEADLINE, DEFAULT_MAX_BYTES, fetch, fetch_name
+from .fetch import fetch, fetch_name
 from .http import MAX_REDIRECTS, redact
 
 __all__ = [
@@ -27,7 +27,5 @@ __all__ = [
     "InputKey",
     "NetworkTimeout",
     "redact",
-    "DEFAULT_MAX_BYTES",
-    "DEFAULT_DEADLINE",
     "MAX_REDIRECTS",
 ]

@@ -17,7 +17,7 @@ Why this is safe:
 
 Hostile servers and paths (issue 11; the transport is :mod:`casstore.pipelines.http`):
 a size limit (the ``Content-Length`` when announced, else ``max_bytes`` or
-:data:`DEFAULT_MAX_BYTES`), a per-read timeout and an overall deadline,
+the ``fetch_max_bytes`` setting, 64 GiB by default), a per-read timeout and an overall deadline,
 bodies longer or shorter than announced refused, a redirect limit,
 secrets in the URL redacted from every log line, error, progress text and
 the stored record, and ``file://`` FIFOs, devices and links refused at once.
@@ -45,6 +45,7 @@ from ..errors import (
     ObjectNotFoundError,
 )
 from ..manifests import Entry
+from ..settings import current
 from .common import check_count, check_flag, check_seconds, lock_seconds, refuse_pinned, write_head
 from .http import Response, Source, get, open_file, parse_content_range, parse_source
 
@@ -52,18 +53,11 @@ if TYPE_CHECKING:
     from .._fs import Staging
     from ..store import Store
 
-__all__ = ["fetch", "fetch_name", "DEFAULT_MAX_BYTES", "DEFAULT_DEADLINE"]
+__all__ = ["fetch", "fetch_name"]
 
 log = logging.getLogger("casstore.fetch")
 
 CHUNK = 1 << 20
-DEFAULT_MAX_BYTES = 64 << 30
-"""Largest download accepted when neither ``max_bytes`` nor a ``Content-Length`` bounds it (64 GiB):
-a server streaming forever must not fill the disk.  TRANSITIONAL: to become the setting ``fetch_max_bytes``."""
-DEFAULT_DEADLINE = 24 * 3600.0
-"""Overall time allowed for one download, retries included, when ``deadline`` is not given (a day):
-a server trickling a byte a second ends with :class:`NetworkTimeout`, not a hang.  TRANSITIONAL: to
-become the setting ``fetch_deadline``."""
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 _CHECKSUMS = ("sha256", "md5")
 
@@ -111,10 +105,10 @@ def fetch(store: Store, url: str, *, digest: Optional[Union[Digest, str]] = None
     back-off; an interrupted transfer resumes with an HTTP Range request when
     the server supports it (and the resource is unchanged: ``If-Range``).
     ``connect_timeout`` bounds connecting and every single read; ``deadline``
-    (seconds, default :data:`DEFAULT_DEADLINE`) bounds the whole download,
+    (seconds, default: the ``fetch_deadline`` setting, a day) bounds the whole download,
     retries included (:class:`~casstore.pipelines.NetworkTimeout`).  The body may
     be at most ``max_bytes`` (default: its ``Content-Length``, or
-    :data:`DEFAULT_MAX_BYTES` when none is announced); a longer body, or one
+    the ``fetch_max_bytes`` setting, 64 GiB by default when none is announced); a longer body, or one
     longer than its ``Content-Length``, is an :class:`IntegrityError` and
     stores nothing.  At most 10 redirects, only to ``http(s)``.
 
@@ -125,7 +119,6 @@ def fetch(store: Store, url: str, *, digest: Optional[Union[Digest, str]] = None
     metadata holds the (redacted) URL, the time and the sha256, and it keeps
     the object from garbage collection.
     """
-    from ..settings import current
 
     src = parse_source(url)
     want_digest, want = _expected(digest, sha256, md5)
@@ -135,8 +128,8 @@ def fetch(store: Store, url: str, *, digest: Optional[Union[Digest, str]] = None
     connect = check_seconds(connect_timeout, "connect_timeout", positive=True)
     if max_bytes is not None:
         max_bytes = check_count(max_bytes, "max_bytes")
-    limit_s = DEFAULT_DEADLINE if deadline is None else check_seconds(deadline, "deadline", positive=True)
     cfg = current()
+    limit_s = cfg.fetch_deadline if deadline is None else check_seconds(deadline, "deadline", positive=True)
     force = cfg.force_download if force is None else force
     lock_timeout = lock_seconds(timeout, cfg.lock_timeout, "timeout")
     name = fetch_name(src.url)
@@ -249,7 +242,7 @@ def _read_file(src: Source, sink: _Sink, max_bytes: Optional[int], end: float) -
     try:
         sink.bar.total = size
         # A file that grows while read is read to its end (what is hashed is what is stored), up to the cap.
-        cap = max_bytes if max_bytes is not None else max(size, DEFAULT_MAX_BYTES)
+        cap = max_bytes if max_bytes is not None else max(size, current().fetch_max_bytes)
         while True:
             if time.monotonic() >= end:
                 raise NetworkTimeout(f"reading {src.shown} did not finish by its deadline")
@@ -333,7 +326,7 @@ def _take_response(resp: Response, sink: _Sink, max_bytes: Optional[int], total:
         )
     if sink.bar.total is None and full is not None:
         sink.bar.total = full
-    cap = full if full is not None else (max_bytes if max_bytes is not None else DEFAULT_MAX_BYTES)
+    cap = full if full is not None else (max_bytes if max_bytes is not None else current().fetch_max_bytes)
     if resp.length is not None and sink.got + resp.length > cap:
         raise IntegrityError(f"{src.shown} answered a {resp.length}-byte body that does not fit its announced size")
     while True:
