@@ -12,7 +12,7 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Callable, Mapping, Optional, Union
 
 from ..store import Store, open_store
 
@@ -111,11 +111,11 @@ def seconds_arg(value: str) -> float:
     return s
 
 
-def jsonable(value: Any) -> Any:
+def jsonable(value: object) -> object:
     """``value`` with bytes as hex, tuples as lists, recursively (manifest metadata for ``--json``)."""
     if isinstance(value, bytes):
         return value.hex()
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {k: jsonable(x) for k, x in value.items()}
     if isinstance(value, (list, tuple)):
         return [jsonable(x) for x in value]
