@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Callable, Generic, List, Optional, Type, TypeVar
+from typing import Callable, Generic, List, Optional, Protocol, Type, TypeVar
 
 __all__ = [
     "Staging",
@@ -43,6 +43,8 @@ __all__ = [
     "copy_range",
     "makedirs",
     "copy_exact",
+    "read_up_to",
+    "Readable",
     "disk_full",
     "free_bytes",
     "run_beside",
@@ -209,6 +211,32 @@ def disk_full(e: OSError, where: os.PathLike[str] | str, what: str = "writing") 
         "free space (casstore gc, store.limit, or delete other files) and retry",
         e.errno or errno.ENOSPC,
     )
+
+
+class Readable(Protocol):
+    """Anything with ``read(n)`` returning bytes (files, decoders, sockets)."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
+def read_up_to(f: Readable, n: int) -> bytes:
+    """Up to ``n`` bytes from ``f``, looping over short reads (fewer only at end of file).
+
+    One ``read(2)`` returns at most ~2 GiB on Linux, and decoders return what
+    they have: a single ``read(n)`` is not a full read.
+    """
+    first = f.read(n) if n else b""
+    if len(first) == n or not first:
+        return first
+    parts = [first]
+    got = len(first)
+    while got < n:
+        more = f.read(n - got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
 
 
 def _fd_dir(fd: int) -> str:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, NoReturn, Option
 import numpy as np
 import numpy.typing as npt
 
-from .._fs import run_beside
+from .._fs import read_up_to, run_beside
 from ..codecs import CompressArg
 from ..digest import Digest, hash_fd, new_hasher
 from ..errors import IntegrityError, InvalidInputError, InvalidTypeError, StoreFormatError
@@ -303,7 +303,7 @@ def _read_decoded(store: Store, d: Digest, verify: bool) -> npt.NDArray[Any]:
     size = store.objects.stat(d).size
     with store.objects.open(d, verify=verify) as stream:
         f = cast(_Reader, stream)  # an io.BufferedReader over the object layer's verifying reader
-        first = _read_up_to(f, min(_PREFIX, size))
+        first = read_up_to(f, min(_PREFIX, size))
 
         def intact() -> bool:
             try:
@@ -331,16 +331,6 @@ class _Reader(Protocol):
     def readinto(self, b: memoryview, /) -> Optional[int]: ...
 
 
-def _read_up_to(f: _Reader, n: int) -> bytes:
-    parts = []
-    got = 0
-    while got < n:
-        b = f.read(n - got)
-        if not b:
-            break
-        parts.append(b)
-        got += len(b)
-    return b"".join(parts)
 
 
 def _readinto_exact(f: _Reader, view: memoryview, start: int, d: Digest) -> None:

@@ -43,7 +43,18 @@ from typing import (
 )
 
 from .._faults import fault
-from .._fs import Staging, copy_exact, copy_range, disk_full, fsync_dir, makedirs, pwrite_all, run_beside, syncfs
+from .._fs import (
+    Staging,
+    copy_exact,
+    copy_range,
+    disk_full,
+    fsync_dir,
+    makedirs,
+    pwrite_all,
+    read_up_to,
+    run_beside,
+    syncfs,
+)
 from .._layout import OBJECTS, is_fanout, object_path
 from ..codecs import CODECS, RAW, ZSTD, Codec, CompressArg, file_sample_pays, normalize_compress, sample_pays
 from ..digest import Digest, hash_bytes, hash_fd, new_hasher, parse_prefix
@@ -423,6 +434,12 @@ class LocalObjects(ObjectStore):
                     f"{p} is a character device; put_path stores files and pipes: read a device "
                     "with put_stream() and a bound of your own"
                 )
+            if stat_mod.S_ISFIFO(fst.st_mode):
+                # Opened non-blocking, a FIFO reads as empty until its writer arrives:
+                # reopen it blocking (the caller named the pipe; its writer is theirs).
+                fifo = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+                os.close(src)
+                src = fifo
             # A pipe (the caller named it: its writer is theirs), or a regular file
             # whose st_size is 0 but may still hold data (procfs): stream it to its
             # end instead of trusting the size.
@@ -615,7 +632,7 @@ class LocalObjects(ObjectStore):
                 if verify and size >= OVERLAP_MIN:
                     hasher = run_beside(lambda: hash_fd(fd, size, threaded=False), "casstore-verify")
                 try:
-                    data = _read_exact(f, size)
+                    data = read_up_to(f, size)
                 finally:
                     got = hasher.join() if hasher is not None else digest
                 if len(data) != size:
@@ -793,21 +810,6 @@ class LocalObjects(ObjectStore):
 
     def __repr__(self) -> str:
         return f"LocalObjects({str(self.root)!r})"
-
-
-def _read_exact(f: BinaryIO, size: int) -> bytes:
-    data = f.read(size) if size else b""
-    if 0 < len(data) < size:  # one read(2) returns at most ~2 GiB on Linux
-        parts = [data]
-        got_n = len(data)
-        while got_n < size:
-            more = f.read(size - got_n)
-            if not more:
-                break
-            parts.append(more)
-            got_n += len(more)
-        data = b"".join(parts)
-    return data
 
 
 def _copy_to_end(src: int, dst: int, off: int) -> int:

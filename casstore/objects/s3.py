@@ -630,22 +630,8 @@ class S3Objects(ObjectStore):
         self.prefix = prefix
         """Key prefix (``""`` or ending in ``/``)."""
 
-    # -- capabilities --
-
-    @property
-    def local_paths(self) -> bool:
-        """Remote objects have no local path."""
-        return False
-
-    @property
-    def atomic_publish(self) -> bool:
-        """A PUT is visible whole or not at all."""
-        return True
-
-    @property
-    def supports_delete(self) -> bool:
-        """Keys can be deleted (by whoever holds the permission)."""
-        return True
+    # Capabilities: the protocol's defaults hold (no local paths; a PUT is visible
+    # whole or not at all; keys can be deleted by whoever holds the permission).
 
     # -- keys and messages --
 
