@@ -80,7 +80,9 @@ def test_file_growing_while_it_is_stored_gives_a_prefix_never_other_bytes(store:
 
     def grow() -> None:
         with open(src, "ab") as f:
-            while not stop.is_set():
+            for _ in range(56):  # bounded (64 MiB in all): an endless writer would be an endless file
+                if stop.is_set():
+                    return
                 f.write(block)
                 f.flush()
                 time.sleep(0.001)
