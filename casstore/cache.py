@@ -1144,6 +1144,8 @@ class IndexCache:
 
     def _check_index(self, i: object) -> int:
         try:
+            if isinstance(i, bool):  # operator.index(True) == 1: a bool is a mistake, not index 1
+                raise TypeError
             k = operator.index(i)  # type: ignore[arg-type]
         except TypeError:
             raise InvalidTypeError(
@@ -1290,7 +1292,7 @@ class IndexCache:
 def _frozen_get_checked(self: IndexCache, i: int) -> Optional[bytes]:
     """:meth:`IndexCache.get` of a frozen cache that checks each record (verify "full"/"record")."""
     try:
-        if i < 0:
+        if i < 0 or i is True or i is False:  # a bool is not an index (True would read record 1)
             raise IndexError
         e = self._qe[i]
     except (IndexError, TypeError):
@@ -1309,7 +1311,7 @@ def _frozen_get_checked(self: IndexCache, i: int) -> Optional[bytes]:
 def _frozen_get_fast(self: IndexCache, i: int) -> Optional[bytes]:
     """:meth:`IndexCache.get` of a frozen cache checked once (verify="open"): the mapped bytes as they are."""
     try:
-        if i < 0:
+        if i < 0 or i is True or i is False:  # a bool is not an index (True would read record 1)
             raise IndexError
         e = self._qe[i]
     except (IndexError, TypeError):

@@ -54,7 +54,7 @@ BAD_CALLS: List[Tuple[str, Callable[[casstore.Store], object], Type[Exception]]]
     ("fetch(timeout='10')", lambda s: s.fetch("https://example.invalid/x", timeout="10"),  # type: ignore[arg-type]
      InvalidTypeError),
     ("put_array(list)", lambda s: s.put_array([1, 2, 3]), InvalidTypeError),  # type: ignore[arg-type]
-    ("put_array(object dtype)", lambda s: s.put_array(np.array([object()])), InvalidInputError),
+    ("put_array(object dtype)", lambda s: s.put_array(np.array([object()])), InvalidTypeError),
     ("IndexCache(length=True)", lambda s: casstore.IndexCache(s, length=True), InvalidTypeError),
     ("IndexCache(length=-1)", lambda s: casstore.IndexCache(s, length=-1), InvalidInputError),
 ]
@@ -77,10 +77,17 @@ def test_bad_input_is_a_typed_error_that_is_also_the_builtin(what: str, call: Ca
 
 def test_bool_is_not_an_index(store: casstore.Store) -> None:
     cache = casstore.IndexCache(store, length=4)
+    cache.put(1, b"one")
+    for c in (cache, None):
+        if c is None:  # the same on a frozen cache (its own fast read path)
+            cache.freeze()
+        with pytest.raises(InvalidTypeError):
+            cache.get(True)  # type: ignore[arg-type]
+        with pytest.raises(InvalidTypeError):
+            cache.get(False)  # type: ignore[arg-type]
+        assert True not in cache
     with pytest.raises(InvalidTypeError):
-        cache.put(True, b"x")  # type: ignore[arg-type]
-    with pytest.raises(InvalidTypeError):
-        cache.get(False)  # type: ignore[arg-type]
+        casstore.IndexCache(store, length=4).put(True, b"x")  # type: ignore[arg-type]
 
 
 def test_non_contiguous_memoryview_is_copied_not_refused(store: casstore.Store) -> None:
