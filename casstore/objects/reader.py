@@ -18,7 +18,7 @@ import os
 import stat
 from typing import BinaryIO, Optional, Union
 
-from ..codecs import RAW, Codec
+from ..codecs import Codec
 from ..digest import Digest, new_hasher
 from ..errors import IntegrityError, ObjectNotFoundError
 
@@ -95,10 +95,10 @@ class ObjectReader(io.RawIOBase):
         return True
 
     def seekable(self) -> bool:
-        return self._codec is RAW
+        return self._codec.byte_exact
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if self._codec is not RAW:
+        if not self._codec.byte_exact:
             raise io.UnsupportedOperation("compressed objects are read sequentially")
         pos = self._file.seek(offset, whence)
         if pos != self._seen:
@@ -108,7 +108,7 @@ class ObjectReader(io.RawIOBase):
         return pos
 
     def tell(self) -> int:
-        return int(self._src.tell()) if self._codec is not RAW else self._file.tell()
+        return self._file.tell() if self._codec.byte_exact else int(self._src.tell())
 
     def readinto(self, b: Union[bytearray, memoryview]) -> Optional[int]:  # type: ignore[override]
         mv = memoryview(b).cast("B")
