@@ -159,7 +159,7 @@ def hash_bytes(data: Buffer) -> Digest:
 
 
 _SMALL_FILE = 1 << 20  # below this, read() + one-thread blake3 beats mmap + the thread pool
-_HASH_WINDOW = 32 << 20  # mmap window when hashing a file (bounds address space and RSS)
+_HASH_WINDOW = 64 << 20  # mmap window when hashing a file (bounds address space; verify measured 64 MiB best)
 
 
 def hash_fd(fd: int, size: int, *, threaded: bool = True) -> Digest:

@@ -18,7 +18,6 @@ from typing import IO, TYPE_CHECKING, Any, BinaryIO, Callable, Dict, Iterable, I
 from . import codecs
 from ._fs import fsync_dir, sweep_stale, write_file_atomic
 from ._layout import CONFIG_FILE, SUBDIRS, TMP
-from .adapters import get_array, get_arrays, open_hdf5, put_array, put_arrays
 from .codecs import CompressArg
 from .config import StoreConfig
 from .digest import Digest
@@ -36,8 +35,6 @@ from .manifests import pin as pin_version
 from .manifests import unpin as unpin_name
 from .objects import LocalObjects, ObjectInfo
 from .objects.base import Buffer
-from .pipelines import derive as derive_step
-from .pipelines import fetch as fetch_url
 from .refs import LocalRefs
 from .sync import Remote, TransferReport, add_remote, get_remote, load_remotes, remove_remote
 from .sync import fetch_object as fetch_remote_object
@@ -314,6 +311,8 @@ class Store:
         the ``fetch_max_bytes`` setting); ``deadline`` bounds the whole transfer in seconds
         (``fetch_deadline``), besides the per-read ``connect_timeout``.
         """
+        from .pipelines import fetch as fetch_url  # lazy: http.client and ssl at import
+
         return fetch_url(self, url, digest=digest, sha256=sha256, md5=md5, force=force, timeout=timeout,
                          retries=retries, progress=progress, connect_timeout=connect_timeout,
                          max_bytes=max_bytes, deadline=deadline)
@@ -323,6 +322,8 @@ class Store:
                regenerate: Optional[bool] = None, timeout: Optional[float] = None,
                compress: CompressArg = None) -> Manifest:
         """Compute ``fn`` once per (name, inputs, params, version); see :func:`casstore.pipelines.derive`."""
+        from .pipelines import derive as derive_step  # lazy: http.client and ssl at import
+
         return derive_step(self, name, inputs=inputs, fn=fn, params=params, version=version,
                       regenerate=regenerate, timeout=timeout, compress=compress)
 
@@ -330,21 +331,29 @@ class Store:
 
     def put_array(self, a: npt.NDArray[Any], *, compress: CompressArg = None) -> Digest:
         """Store a numpy array as a ``.npy`` object."""
+        from .adapters import put_array  # lazy: numpy costs ~130 ms and 13 MiB at import
+
         return put_array(self, a, compress=compress)
 
     def get_array(self, digest: DigestLike, *, mmap: bool = False,
                   verify: bool = True) -> npt.NDArray[Any]:
         """Read an array; ``mmap=True`` memory-maps a raw object read-only, no copy."""
+        from .adapters import get_array  # lazy: numpy costs ~130 ms and 13 MiB at import
+
         return get_array(self, digest, mmap=mmap, verify=verify)
 
     def put_arrays(self, arrays: Mapping[str, npt.NDArray[Any]], *,
                    compress: CompressArg = None) -> Digest:
         """Store a dict of arrays; returns the digest of a manifest bundle."""
+        from .adapters import put_arrays  # lazy: numpy costs ~130 ms and 13 MiB at import
+
         return put_arrays(self, arrays, compress=compress)
 
     def get_arrays(self, digest: DigestLike, *, mmap: bool = False,
                    verify: bool = True) -> Dict[str, npt.NDArray[Any]]:
         """Read a bundle written by :meth:`put_arrays`."""
+        from .adapters import get_arrays  # lazy: numpy costs ~130 ms and 13 MiB at import
+
         return get_arrays(self, digest, mmap=mmap, verify=verify)
 
     def open_hdf5(self, digest: DigestLike, *, verify: bool = True,
@@ -353,6 +362,8 @@ class Store:
 
         The object is verified before h5py sees it (``verify=False`` skips that).
         """
+        from .adapters import open_hdf5  # lazy: numpy costs ~130 ms and 13 MiB at import
+
         return open_hdf5(self, digest, verify=verify, rdcc_nbytes=rdcc_nbytes)
 
     # -- remotes on an S3-compatible object store (casstore.sync) -------------------
