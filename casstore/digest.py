@@ -159,16 +159,17 @@ def hash_bytes(data: Buffer) -> Digest:
 
 
 _SMALL_FILE = 1 << 20  # below this, read() + one-thread blake3 beats mmap + the thread pool
-_HASH_WINDOW = 64 << 20  # mmap window when hashing a file (bounds address space; verify measured 64 MiB best)
+_HASH_WINDOW = 32 << 20  # mmap window when hashing a file: bounds address space and RSS (put_path's peak)
 
 
-def hash_fd(fd: int, size: int, *, threaded: bool = True) -> Digest:
+def hash_fd(fd: int, size: int, *, threaded: bool = True, window: int = _HASH_WINDOW) -> Digest:
     """The digest of the first ``size`` bytes of an open file: THE file hasher of casstore.
 
     Small files are read into memory; larger ones are hashed through bounded
     ``mmap`` windows (no copy).  ``threaded=False`` when another thread is busy
     reading the same data (the second core is then this hasher's, and blake3's
-    pool would only contend).  A file shorter than ``size`` raises
+    pool would only contend).  ``window``: bytes mapped at a time (verify maps
+    64 MiB: fewer pool start-ups on big files).  A file shorter than ``size`` raises
     :class:`IntegrityError` (it changed while being hashed).
     """
     if size < _SMALL_FILE:
@@ -188,7 +189,7 @@ def hash_fd(fd: int, size: int, *, threaded: bool = True) -> Digest:
     while off < size:
         if os.fstat(fd).st_size < size:
             raise IntegrityError(f"file shrank while being hashed (expected {size} bytes)")
-        n = min(_HASH_WINDOW, size - off)
+        n = min(window, size - off)
         with mmap.mmap(fd, n, prot=mmap.PROT_READ, offset=off) as mm:
             mm.madvise(mmap.MADV_SEQUENTIAL)
             h.update(mm)

@@ -75,6 +75,7 @@ StateRecord = List[object]
 EMPTY_HEX = hash_bytes(b"").hex
 _SMALL = 1 << 20  # below this, hashing on the scanning thread beats a hop to the pool
 _CHUNK = 1 << 20  # decoded bytes hashed per read (bounded memory)
+_WINDOW = 64 << 20  # mmap window for big files: fewer blake3 pool start-ups than 32 MiB (measured 0.88x -> 0.97x)
 
 @dataclass(frozen=True, slots=True)
 class VerifyReport:
@@ -212,7 +213,7 @@ def _check_open(f: ObjFile, fd: int, size: int, expected: Optional[int], fast: b
     # recorded with allow_missing, a pulled manifest); a file whose bytes hash to
     # its name is good and must never be quarantined.
     if codec.byte_exact:
-        got = hash_fd(fd, size)
+        got = hash_fd(fd, size, window=_WINDOW)
         if got != f.digest:
             if expected is not None and size != expected:
                 return _Check("corrupt", size, f"file {f.path} has {size} bytes but a manifest says {expected} "
