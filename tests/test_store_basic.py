@@ -499,3 +499,15 @@ def test_huge_file_put_path_and_streaming_read_bounded_memory() -> None:
         assert put_rss < 100 and read_rss < 100 and hwm < 100, (put_rss, read_rss, hwm)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_write_many_checks_every_digest_and_counts_what_it_created(store: casstore.Store) -> None:
+    a, b = b"alpha" * 100, b"beta" * 100
+    da, db = casstore.Digest.of(a), casstore.Digest.of(b)
+    store.put(a)
+    assert store.objects.write_many([(da, a), (db, b), (db, b)]) == 1  # a was there, b once
+    assert store.get(db) == b
+    c = b"gamma"
+    with pytest.raises(casstore.IntegrityError):
+        store.objects.write_many([(casstore.Digest.of(c), c), (da, b"not alpha")])
+    assert casstore.Digest.of(c) not in store  # refused before anything of the batch was published

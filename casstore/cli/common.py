@@ -78,26 +78,24 @@ def compress_arg(value: str) -> Union[int, str]:
     return int(value) if value.strip().isdigit() else value
 
 
-def count_arg(value: str) -> int:
-    """A whole number >= 0 (``--keep-history``, ``--limit``)."""
+def _whole_number(value: str, minimum: int) -> int:
     try:
         n = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value!r}")
+        n = minimum - 1
+    if n < minimum:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {value!r}")
     return n
+
+
+def count_arg(value: str) -> int:
+    """A whole number >= 0 (``--keep-history``, ``--limit``)."""
+    return _whole_number(value, 0)
 
 
 def workers_arg(value: str) -> int:
     """A whole number >= 1 (``--workers``)."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value!r}")
-    return n
+    return _whole_number(value, 1)
 
 
 def seconds_arg(value: str) -> float:

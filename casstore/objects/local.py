@@ -360,15 +360,39 @@ class LocalObjects(ObjectStore):
     @_no_space
     def put_many(self, items: Iterable[Buffer], *, compress: CompressArg = None) -> List[Digest]:
         """Store many small objects; durable with one filesystem sync per batch (see :meth:`publish_batch`)."""
-        level = self.level_for(compress)
         out: List[Digest] = []
-        pending: List[StagedObject] = []
-        seen: set[Digest] = set()
-        try:
+
+        def hashed() -> Iterator[Tuple[Digest, memoryview]]:
             for item in items:
                 mv = as_buffer(item, "put_many")
                 d = hash_bytes(mv)
                 out.append(d)
+                yield d, mv
+
+        self._store_batched(hashed(), self.level_for(compress))
+        return out
+
+    @_no_space
+    def write_many(self, items: Iterable[Tuple[Digest, Buffer]]) -> int:
+        """Batch form of :meth:`write` (one filesystem sync per batch); how many objects were created."""
+
+        def checked() -> Iterator[Tuple[Digest, memoryview]]:
+            for d, data in items:
+                mv = as_buffer(data, "write_many")
+                got = hash_bytes(mv)
+                if got != d:
+                    raise IntegrityError(f"refusing to store bytes hashing to {got} as object {d}")
+                yield d, mv
+
+        return self._store_batched(checked(), self.level_for(None))
+
+    def _store_batched(self, items: Iterable[Tuple[Digest, memoryview]], level: Optional[int]) -> int:
+        """Stage hashed items, publishing each batch with :meth:`publish_batch`; returns how many were new."""
+        pending: List[StagedObject] = []
+        seen: set[Digest] = set()
+        created = 0
+        try:
+            for d, mv in items:
                 if d in seen or self.touch(d):
                     continue
                 seen.add(d)
@@ -376,6 +400,7 @@ class LocalObjects(ObjectStore):
                 st = self.stage()
                 pending.append(StagedObject(st, d, codec))
                 st.write(payload)
+                created += 1
                 if len(pending) >= _BATCH:
                     batch, pending = pending, []
                     seen.clear()
@@ -385,21 +410,7 @@ class LocalObjects(ObjectStore):
         finally:
             for it in pending:
                 it.staging.abort()
-        return out
-
-    @_no_space
-    def write_many(self, items: Iterable[Tuple[Digest, Buffer]]) -> int:
-        """Batch form of :meth:`write` (one filesystem sync per batch)."""
-        checked: List[Buffer] = []
-        for d, data in items:
-            mv = as_buffer(data, "write_many")
-            got = hash_bytes(mv)
-            if got != d:
-                raise IntegrityError(f"refusing to store bytes hashing to {got} as object {d}")
-            checked.append(mv)
-        before = sum(1 for b in checked if self.has(hash_bytes(b)))
-        self.put_many(checked)
-        return len(checked) - before
+        return created
 
     @_no_space
     def put_path(self, path: Union[str, os.PathLike[str]], *, compress: CompressArg = None) -> Digest:
