@@ -11,6 +11,10 @@ What GC keeps (the *roots* and their closure, :mod:`casstore.maintenance.graph`)
 * every pin's version, and every entry of it;
 * every head's current version and its last ``keep_history`` versions
   (following parent links), and every entry of those;
+* the derive inputs a pin or a head's *current* version records in its
+  metadata (``meta["casstore.inputs"]``), transitively through manifest
+  inputs (derive provenance; a malformed record keeps nothing extra and
+  becomes a plan warning, never an error);
 * every object written (or re-put) within ``grace`` of now: a write in
   progress may still be about to reference it.
 
@@ -45,6 +49,7 @@ Safety argument (docs/maintenance.md has the long form):
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import stat as stat_mod
@@ -81,6 +86,8 @@ __all__ = [
     "DEFAULT_GRACE",
     "DEFAULT_KEEP_HISTORY",
 ]
+
+log = logging.getLogger("casstore.gc")
 
 DEFAULT_GRACE = 3600.0
 """Seconds within which a written or re-put object is kept whatever references it."""
@@ -200,6 +207,11 @@ class GCPlan:
         return MappingProxyType(out)
 
     @property
+    def warnings(self) -> Tuple[str, ...]:
+        """Provenance records that were malformed or unreadable when planned (each kept nothing extra)."""
+        return tuple(self._live.warnings)
+
+    @property
     def stored_bytes_after(self) -> int:
         """Stored bytes left if every planned file is deleted."""
         return self.total_bytes - self.freed_bytes
@@ -239,6 +251,10 @@ class GCPlan:
             f"(pins, heads and their last {self.keep_history} versions), {len(self._fresh)} fresh "
             f"(grace {_ago(self.grace)})" + (f", {len(self._spared)} not needed for the limit" if self._spared else ""),
         ]
+        warnings = self._live.warnings
+        lines += [f"warning: {w}" for w in warnings[:10]]
+        if len(warnings) > 10:
+            lines.append(f"warning: ... and {len(warnings) - 10} more (plan.warnings lists them all)")
         if self.max_bytes is not None:
             if self.met:
                 lines.append(f"limit {human_bytes(self.max_bytes)}: met ({human_bytes(self.stored_bytes_after)} "
@@ -252,8 +268,9 @@ class GCPlan:
         if self.met or self.max_bytes is None:
             return ""
         return (f"limit {human_bytes(self.max_bytes)} cannot be met: {human_bytes(self.stored_bytes_after)} stay "
-                f"because they are pinned, referenced by heads (current or last {self.keep_history} versions) "
-                f"or fresh (written within {_ago(self.grace)}); pinned and head-referenced data is never evicted "
+                f"because they are pinned, referenced by heads (current or last {self.keep_history} versions), "
+                f"inputs those pins and current heads were derived from, or fresh (written within "
+                f"{_ago(self.grace)}); pinned and head-referenced data is never evicted "
                 "-- unpin or remove names, lower keep_history, or raise the limit")
 
     def to_dict(self, *, objects: bool = False) -> Dict[str, Any]:
@@ -270,6 +287,7 @@ class GCPlan:
             "keep_history": self.keep_history,
             "grace_seconds": self.grace,
             "roots": {k: str(v) for k, v in self.roots.items()},
+            "warnings": list(self._live.warnings),
         }
         if self.max_bytes is not None:
             doc.update(max_bytes=self.max_bytes, stored_bytes_after=self.stored_bytes_after, met=self.met)
@@ -300,6 +318,8 @@ def _plan(store: Store, keep_history: int, grace: Duration, *, max_bytes: Option
     # Strays (planted links, FIFOs, directories, foreign names) are never planned.
     files, _strays = store.objects.scan()
     live = compute_live(store.objects, store.refs, keep_history)
+    for w in live.warnings:
+        log.warning("gc: %s", w)
     cutoff = now - g
     versions: Dict[str, List[ObjFile]] = {}
     expired_set = {d.hex for d in live.expired}

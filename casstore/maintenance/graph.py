@@ -11,6 +11,13 @@ the history walk, not stop gc (it references nothing gc keeps).
 Hazard: a version a root needs that is missing, corrupt or undecodable means
 what it references is unknown, so nothing can be judged unreferenced; the
 loader raises (typed, saying what to do) instead of guessing.
+
+Provenance (docs/maintenance.md, "Provenance"): the inputs a pin or a head's
+current version records in ``meta["casstore.inputs"]`` are kept too,
+transitively through manifest inputs.  That metadata is hostile: a malformed
+record, or an input "manifest" that is missing, damaged, huge or not a
+manifest, keeps nothing extra and adds a warning; it never raises, and it
+never makes anything a root references collectable.
 """
 
 from __future__ import annotations
@@ -19,12 +26,24 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 from ..digest import Digest
-from ..errors import IntegrityError, InvalidInputError, InvalidTypeError, ObjectNotFoundError, StoreFormatError
+from ..errors import (
+    CasstoreError,
+    IntegrityError,
+    InvalidInputError,
+    InvalidTypeError,
+    ObjectNotFoundError,
+    StoreFormatError,
+)
 from ..manifests.model import ManifestDoc, load_manifest, read_parent
+from ..manifests.provenance import read_provenance
 from ..objects.base import ObjectStore
 from ..refs.base import RefStore
 
-__all__ = ["Graph", "Live", "compute_live", "entry_refs"]
+__all__ = ["Graph", "Live", "compute_live", "entry_refs", "MAX_INPUT_VERSION_BYTES"]
+
+MAX_INPUT_VERSION_BYTES = 256 << 20
+"""A provenance "manifest" input larger than this is not read (hostile metadata may name a 100 GB data
+object as a manifest; a real 1,000,000-entry version is ~80 MB)."""
 
 
 def entry_refs(doc: ManifestDoc) -> Iterator[Tuple[str, str, Optional[int]]]:
@@ -97,19 +116,91 @@ class Live:
 
     wheres: List[str] = field(default_factory=list)
     """Who holds something: ``"pin 'paper'"``, ``"head 'exp', 2 versions back"``..."""
-    live: Dict[str, Tuple[int, str]] = field(default_factory=dict)
-    """hex -> (index into ``wheres``, entry key or "" for the version object itself)."""
+    live: Dict[str, Tuple[int, Optional[str]]] = field(default_factory=dict)
+    """hex -> (index into ``wheres``, entry key, "" for the version object itself, or ``None`` when
+    the where names the object directly: an object input of a derive result)."""
     expired: List[Digest] = field(default_factory=list)
     """Expired versions (reachable by parent links, outside every root), newest first per chain."""
     roots: Dict[str, Digest] = field(default_factory=dict)
     """``"pin:<name>"`` / ``"head:<name>"`` -> version digest."""
     graph: Optional[Graph] = None
     """The loader that read the versions (reused to read expired history)."""
+    warnings: List[str] = field(default_factory=list)
+    """Malformed or unreadable provenance records (each kept nothing extra)."""
 
     def describe(self, hexd: str) -> str:
         """Why ``hexd`` is live, in words."""
         w, key = self.live[hexd]
+        if key is None:
+            return self.wheres[w]
         return f"entry {key!r} of {self.wheres[w]}" if key else f"manifest version of {self.wheres[w]}"
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _input_version(g: Graph, d: Digest, where: str, warnings: List[str]) -> Optional[ManifestDoc]:
+    """The decoded input version ``d``, or ``None`` (missing, or unreadable: then a warning)."""
+    try:
+        size = g.objects.stat(d).size
+    except ObjectNotFoundError:
+        return None  # collected before it was recorded, or a result pulled without its inputs
+    except (CasstoreError, OSError) as e:
+        warnings.append(f"{where} names {d}, which cannot be read ({type(e).__name__}); nothing it "
+                        "references is kept for it -- `casstore verify` reports damage")
+        return None
+    if size > MAX_INPUT_VERSION_BYTES:
+        warnings.append(f"{where} names {d} as a manifest version, but it is {size} bytes (more than "
+                        f"{MAX_INPUT_VERSION_BYTES}); not read, and nothing it references is kept for it")
+        return None
+    try:
+        return g.doc(d, where, required=False)
+    except (CasstoreError, OSError) as e:
+        warnings.append(f"{where} names {d} as a manifest version, but it is corrupt or not a manifest "
+                        f"({type(e).__name__}); it is kept as it is, nothing it references is kept for it "
+                        "-- `casstore verify` reports damage")
+        return None
+
+
+def _keep_inputs(g: Graph, out: Live, todo: List[Tuple[Digest, ManifestDoc, str]],
+                 frontier: List[Optional[Digest]]) -> None:
+    """Keep the provenance inputs of ``todo`` (version, doc, who) alive, transitively through manifest inputs.
+
+    Runs after every root's own entries are in ``out.live``, so an object a
+    root names directly is described as that root's entry.  Each version's
+    record is expanded once (a hostile record may name a cycle).
+    """
+    live = out.live
+    expanded: Set[Digest] = set()
+    i = 0
+    while i < len(todo):
+        d, doc, origin = todo[i]
+        i += 1
+        if d in expanded:
+            continue
+        expanded.add(d)
+        prov = read_provenance(doc.meta)
+        for problem in prov.problems:
+            out.warnings.append(f"{origin}: {problem}; nothing extra is kept for it")
+        for inp in prov.inputs:
+            label = f"input {_short(inp.name)} of {origin}"
+            w = len(out.wheres)
+            out.wheres.append(f"{label} (derive provenance)")
+            if not inp.manifest:
+                live.setdefault(inp.digest.hex, (w, None))
+                continue
+            live.setdefault(inp.digest.hex, (w, ""))
+            sub = _input_version(g, inp.digest, out.wheres[w], out.warnings)
+            if sub is None:
+                continue
+            for key, h, _size in entry_refs(sub):
+                if h not in live:
+                    live[h] = (w, key)
+            todo.append((inp.digest, sub, label))
+            # Its older versions are history like any head's: deleted as expired versions, first.
+            frontier.append(g.parent_of(inp.digest))
 
 
 def compute_live(objects: ObjectStore, refs: RefStore, keep_history: int) -> Live:
@@ -126,6 +217,7 @@ def compute_live(objects: ObjectStore, refs: RefStore, keep_history: int) -> Liv
     heads = refs.list("heads")
     pins = refs.list("pins")
     frontier: List[Optional[Digest]] = []
+    provenance: List[Tuple[Digest, ManifestDoc, str]] = []  # pins and heads' current versions
 
     def add_version(d: Digest, where: str, required: bool) -> Optional[ManifestDoc]:
         doc = g.doc(d, where, required=required)
@@ -142,7 +234,9 @@ def compute_live(objects: ObjectStore, refs: RefStore, keep_history: int) -> Liv
 
     for name, d in pins.items():
         out.roots[f"pin:{name}"] = d
-        add_version(d, f"pin {name!r}", True)
+        doc = add_version(d, f"pin {name!r}", True)
+        if doc is not None:
+            provenance.append((d, doc, f"pinned {name!r}"))
         frontier.append(g.parent_of(d))
     for name, d in heads.items():
         out.roots[f"head:{name}"] = d
@@ -150,13 +244,17 @@ def compute_live(objects: ObjectStore, refs: RefStore, keep_history: int) -> Liv
         for i in range(keep_history + 1):
             assert cur is not None
             where = f"head {name!r}" if i == 0 else f"head {name!r}, {i} version{'s' if i > 1 else ''} back"
-            if add_version(cur, where, i == 0) is None:
+            doc = add_version(cur, where, i == 0)
+            if doc is None:
                 cur = None  # collected earlier (keep_history was lower then)
                 break
+            if i == 0:  # the current version's inputs only: history keeps its entries, not its inputs
+                provenance.append((cur, doc, f"head {name!r}"))
             cur = g.parent_of(cur)
             if cur is None:
                 break
         frontier.append(cur)
+    _keep_inputs(g, out, provenance, frontier)
     # Expired history: every version reachable through parent links beyond the
     # kept windows.  They are deleted first, newest first, so the chain is cut
     # before any object only they reference disappears.
