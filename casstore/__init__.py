@@ -32,7 +32,7 @@ from .errors import (
     StoreFormatError,
 )
 from .maintenance import GCPlan, GCResult, LimitResult, NameUsage, Usage, VerifyReport
-from .manifests import Diff, EditTransaction, Entry, Manifest, ManifestEditor
+from .manifests import Diff, EditTransaction, Entry, Manifest, ManifestEditor, MetaDiff
 from .objects import LocalObjects, ObjectInfo, ObjectStore
 from .objects.s3 import S3Objects
 from .refs import LocalRefs, Ref, RefStore
@@ -62,6 +62,7 @@ __all__ = [
     "ManifestEditor",
     "EditTransaction",
     "Diff",
+    "MetaDiff",
     "IndexCache",
     "Remote",
     "TransferReport",

@@ -349,6 +349,94 @@ def test_diff_reports_added_removed_and_changed(mstore: casstore.Store, objs: Di
     assert not mstore.diff(v2, "exp") and not mstore.diff(v1, v1.digest)
 
 
+def test_diff_reports_metadata_per_entry_and_manifest(mstore: casstore.Store, objs: Dict[str, Digest]) -> None:
+    with mstore.edit("exp") as m:
+        m["w"] = Entry(objs["a"], meta={"lr": 1, "keep": "x", "drop": [1, 2]})
+        m.meta.update(owner="ana", epochs=10, flag=1, cfg={"opt": {"lr": 0.1, "b": 2}})
+    v1 = mstore.manifest("exp")
+    with mstore.edit("exp") as m:
+        m["w"] = Entry(objs["a"], meta={"lr": 2, "keep": "x", "new": True})
+        m.meta.update(epochs=12, flag=True, cfg={"opt": {"lr": 0.2, "b": 2}}, note="rerun")
+        del m.meta["owner"]
+    d = mstore.diff(v1, "exp")
+    assert not d.added and not d.removed and list(d.changed) == ["w"]
+    assert d.a == v1.digest and d.b == mstore.manifest("exp").digest
+    em = d.entry_meta["w"]
+    assert dict(em.added) == {"new": True} and dict(em.removed) == {"drop": [1, 2]}
+    assert dict(em.changed) == {"lr": (1, 2)}
+    assert dict(d.meta.added) == {"note": "rerun"} and dict(d.meta.removed) == {"owner": "ana"}
+    # 1 -> True is a change (stored differently), compared as encoded
+    assert set(d.meta.changed) == {"epochs", "flag", "cfg"} and d.meta.changed["epochs"] == (10, 12)
+    assert not d.params and not d.inputs and d
+    # Metadata alone makes a diff non-empty; the same version has none.
+    with mstore.edit("exp") as m:
+        m.meta["note"] = "again"
+    only_meta = mstore.diff(d.b, "exp")
+    assert only_meta and not only_meta.changed and dict(only_meta.meta.changed) == {"note": ("rerun", "again")}
+    assert not mstore.diff("exp", "exp").meta
+
+
+def test_diff_reports_derive_params_and_inputs(mstore: casstore.Store, objs: Dict[str, Digest]) -> None:
+    from casstore.manifests.provenance import INPUTS_KEY
+
+    def result(params: Dict[str, object], inputs: Dict[str, object]) -> casstore.Manifest:
+        with mstore.edit("proc") as m:
+            m["out"] = objs["d"]
+            m.meta["derive"] = {"params": params, "version": 1}
+            m.meta[INPUTS_KEY] = inputs
+        assert m.result is not None
+        return m.result
+
+    r1 = result({"cutoff": 5.0, "mode": "a"}, {"raw": str(objs["a"]), "cfg": str(objs["b"])})
+    r2 = result({"cutoff": 6.0, "seed": 1}, {"raw": str(objs["c"]), "data": {"manifest": str(r1.digest)}})
+    d = mstore.diff(r1, r2)
+    assert not d.changed and not d.added and not d.removed
+    assert dict(d.params.changed) == {"cutoff": (5.0, 6.0)}
+    assert dict(d.params.added) == {"seed": 1} and dict(d.params.removed) == {"mode": "a"}
+    assert dict(d.inputs.changed) == {"raw": (str(objs["a"]), str(objs["c"]))}
+    assert dict(d.inputs.added) == {"data": f"manifest {r1.digest}"} and list(d.inputs.removed) == ["cfg"]
+    assert set(d.meta.changed) == {"derive", INPUTS_KEY}
+
+
+def test_cli_diff_shows_metadata_params_and_inputs(mstore: casstore.Store, objs: Dict[str, Digest],
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from casstore.cli import main
+    from casstore.manifests.provenance import INPUTS_KEY
+
+    with mstore.edit("proc") as m:
+        m["out"] = objs["a"]
+        m["w"] = Entry(objs["b"], meta={"lr": 1})
+        m.meta.update(derive={"params": {"cutoff": 5.0}, "seconds": 1.5}, owner="ana", blob=b"\x00\x01")
+        m.meta[INPUTS_KEY] = {"raw": str(objs["c"])}
+    v1 = mstore.manifest("proc").digest
+    with mstore.edit("proc") as m:
+        m["out"] = objs["d"]
+        m["w"] = Entry(objs["b"], meta={"lr": 2})
+        m.meta.update(derive={"params": {"cutoff": 6.0}, "seconds": 2.5}, blob=b"\x02", note="\x1b[31mred",
+                      **{"\x1b[2J": 1})
+        del m.meta["owner"]
+        m.meta[INPUTS_KEY] = {"raw": str(objs["a"])}
+    assert main(["--store", str(mstore.root), "diff", str(v1), "proc"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"~ out  {objs['a'].short()} -> {objs['d'].short()}" in out
+    assert f"~ w  {objs['b'].short()} (metadata only)" in out and "    meta ~ lr: 1 -> 2" in out
+    assert "param ~ cutoff: 5.0 -> 6.0" in out
+    assert f"input ~ raw: {objs['c'].short()} -> {objs['a'].short()}" in out
+    assert "meta ~ derive.seconds: 1.5 -> 2.5" in out and "meta - owner (was 'ana')" in out
+    assert "meta + note = '\\x1b[31mred'" in out  # control characters escaped, never sent to the terminal
+    assert "meta + '\\x1b[2J' = 1" in out and not any("\x1b" in line for line in out)
+    assert not any("derive.params" in line or INPUTS_KEY in line for line in out)  # shown once, as param/input
+    assert main(["--store", str(mstore.root), "diff", "--json", str(v1), "proc"]) == 0
+    doc = json.loads(capsys.readouterr().out)  # one JSON document
+    assert doc["a"] == str(v1) and doc["same"] is False and list(doc["changed"]) == ["out", "w"]
+    assert doc["params"]["changed"] == {"cutoff": [5.0, 6.0]}
+    assert doc["inputs"]["changed"] == {"raw": [str(objs["c"]), str(objs["a"])]}
+    assert doc["entry_meta"] == {"w": {"added": {}, "removed": {}, "changed": {"lr": [1, 2]}}}
+    assert doc["meta"]["removed"] == {"owner": "ana"} and doc["meta"]["changed"]["blob"] == ["0001", "02"]
+    assert main(["--store", str(mstore.root), "diff", "--json", "proc", "proc"]) == 0
+    assert json.loads(capsys.readouterr().out)["same"] is True
+
+
 # -- checkout ---------------------------------------------------------------------------
 
 

@@ -8,11 +8,14 @@ import argparse
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any, Dict
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Tuple
 
 from .._progress import human_bytes
 from ..digest import Digest
 from ..errors import AmbiguousDigestError, InvalidDigestError, ObjectNotFoundError
+from ..manifests import MetaDiff
+from ..manifests.ops import same_meta
+from ..manifests.provenance import INPUTS_KEY
 from ..store import Store
 from .common import Add, add_actions, count_arg, jsonable, open_from_args, seconds_arg
 
@@ -118,15 +121,81 @@ def cmd_pins(args: argparse.Namespace) -> int:
     return 0
 
 
+def _meta_doc(md: MetaDiff) -> Dict[str, Any]:
+    return {"added": jsonable(dict(md.added)), "removed": jsonable(dict(md.removed)),
+            "changed": {k: [jsonable(x), jsonable(y)] for k, (x, y) in md.changed.items()}}
+
+
+def _show(value: object) -> str:
+    text = repr(value)  # repr: control characters in hostile metadata are escaped, never printed
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _show_input(value: object) -> str:
+    """An input label (``"blake3:<hex>"`` / ``"manifest blake3:<hex>"``) with its digest shortened."""
+    if isinstance(value, str):
+        kind, _, d = value.rpartition(" ")
+        if kind in ("", "manifest") and d.startswith("blake3:") and len(d) == 71:
+            try:
+                return f"{kind} {Digest.parse(d).short()}".lstrip()
+            except InvalidDigestError:
+                pass
+    return _show(value)
+
+
+def _seg(key: str) -> str:
+    return key if key.isprintable() and key else repr(key)  # hostile keys never reach the terminal raw
+
+
+_GONE = object()
+
+
+def _leaves(a: object, b: object, path: Tuple[str, ...], out: List[Tuple[Tuple[str, ...], object, object]]) -> None:
+    """Leaf-level changes between two metadata values (nested maps are walked, everything else compared)."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        for k in list(a) + [k for k in b if k not in a]:
+            _leaves(a.get(k, _GONE), b.get(k, _GONE), path + (str(k),), out)
+    elif a is _GONE or b is _GONE or not same_meta(a, b):
+        out.append((path, a, b))
+
+
+def _meta_lines(label: str, md: MetaDiff, skip: Tuple[Tuple[str, ...], ...] = (),
+                show: Callable[[object], str] = _show) -> List[str]:
+    changes: List[Tuple[Tuple[str, ...], object, object]] = []
+    for k, v in md.added.items():
+        changes.append(((k,), _GONE, v))
+    for k, v in md.removed.items():
+        changes.append(((k,), v, _GONE))
+    for k, (x, y) in md.changed.items():
+        _leaves(x, y, (k,), changes)
+    lines = []
+    for path, x, y in changes:
+        if any(path[:len(s)] == s for s in skip):
+            continue
+        where = ".".join(_seg(p) for p in path)
+        if x is _GONE:
+            lines.append(f"{label} + {where} = {show(y)}")
+        elif y is _GONE:
+            lines.append(f"{label} - {where} (was {show(x)})")
+        else:
+            lines.append(f"{label} ~ {where}: {show(x)} -> {show(y)}")
+    return lines
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
-    """``casstore diff A B``: keys added, removed and changed."""
+    """``casstore diff A B``: keys added, removed and changed; metadata, derive params and inputs changed."""
     store = open_from_args(args, create=False)
     df = store.diff(args.a, args.b)
     if args.json:
         print(json.dumps({
+            "a": str(df.a), "b": str(df.b), "same": not df,
             "added": {k: _entry_doc(e) for k, e in df.added.items()},
             "removed": {k: _entry_doc(e) for k, e in df.removed.items()},
             "changed": {k: [_entry_doc(a), _entry_doc(b)] for k, (a, b) in df.changed.items()},
+            "meta": _meta_doc(df.meta),
+            "entry_meta": {k: _meta_doc(md) for k, md in df.entry_meta.items()},
+            "params": _meta_doc(df.params),
+            "inputs": _meta_doc(df.inputs),
         }, indent=2))
         return 0
     for k, e in df.added.items():
@@ -134,7 +203,16 @@ def cmd_diff(args: argparse.Namespace) -> int:
     for k, e in df.removed.items():
         print(f"- {k}  {e.digest.short()}")
     for k, (a, b) in df.changed.items():
-        print(f"~ {k}  {a.digest.short()} -> {b.digest.short()}")
+        if a.digest != b.digest or a.size != b.size:
+            print(f"~ {k}  {a.digest.short()} -> {b.digest.short()}")
+        else:
+            print(f"~ {k}  {a.digest.short()} (metadata only)")
+        for line in _meta_lines("meta", df.entry_meta.get(k, MetaDiff())):
+            print(f"    {line}")
+    # Params and inputs are shown on their own lines, not again as paths inside the derive record.
+    for line in (_meta_lines("param", df.params) + _meta_lines("input", df.inputs, show=_show_input)
+                 + _meta_lines("meta", df.meta, skip=(("derive", "params"), (INPUTS_KEY,)))):
+        print(line)
     return 0
 
 
@@ -182,7 +260,7 @@ def register(add: Add) -> None:
     sp = add("pins", cmd_pins, "list pins (or heads with --heads)")
     sp.add_argument("--heads", action="store_true")
     sp.add_argument("--json", action="store_true")
-    sp = add("diff", cmd_diff, "keys added, removed and changed from A to B")
+    sp = add("diff", cmd_diff, "keys, metadata, derive params and inputs added, removed and changed from A to B")
     sp.add_argument("a")
     sp.add_argument("b")
     sp.add_argument("--json", action="store_true")

@@ -29,9 +29,11 @@ Crash points for tests: ``manifest.before_object``, ``manifest.after_object``
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, MutableMapping, Optional, Tuple, Type, Union
+
+import msgpack
 
 from .._faults import fault
 from .._gclock import commit_lock
@@ -40,6 +42,7 @@ from ..digest import Digest
 from ..errors import FrozenError, InvalidInputError, InvalidTypeError, ObjectNotFoundError
 from ..refs import validate_name
 from .model import Entry, EntryMap, ManifestDoc, canonical_map, load_manifest, put_version, validate_key
+from .provenance import derive_params, input_labels
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -49,6 +52,9 @@ __all__ = [
     "ManifestEditor",
     "EditTransaction",
     "Diff",
+    "MetaDiff",
+    "meta_diff",
+    "same_meta",
     "resolve_target",
     "read_manifest",
     "history",
@@ -465,22 +471,86 @@ def unpin(store: Store, name: str, *, timeout: Optional[float] = DEFAULT_TIMEOUT
 
 
 @dataclass(frozen=True, slots=True)
-class Diff:
-    """Keys added, removed and changed between two versions (``a`` -> ``b``)."""
+class MetaDiff:
+    """Top-level keys of a metadata map added, removed and changed (``a`` -> ``b``).
 
-    added: Mapping[str, Entry]
-    removed: Mapping[str, Entry]
-    changed: Mapping[str, Tuple[Entry, Entry]]
+    Values are compared encoded, as manifests store them: ``1``, ``1.0`` and
+    ``True`` are different values.
+    """
+
+    added: Mapping[str, Any] = field(default_factory=dict)
+    removed: Mapping[str, Any] = field(default_factory=dict)
+    changed: Mapping[str, Tuple[Any, Any]] = field(default_factory=dict)
+    """key -> (value in ``a``, value in ``b``)."""
 
     def __bool__(self) -> bool:
         return bool(self.added or self.removed or self.changed)
 
 
+def _packed(value: object) -> bytes:
+    # Decoded metadata is canonical (maps sorted), so equal values pack to equal bytes.
+    return bytes(msgpack.packb(value, use_bin_type=True))
+
+
+def same_meta(a: object, b: object) -> bool:
+    """Whether two metadata values are the same as stored (``1``, ``1.0`` and ``True`` differ)."""
+    return _packed(a) == _packed(b)
+
+
+def meta_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> MetaDiff:
+    """Compare two metadata maps key by key (see :class:`MetaDiff`)."""
+    return MetaDiff({k: b[k] for k in b if k not in a}, {k: a[k] for k in a if k not in b},
+                    {k: (a[k], b[k]) for k in a if k in b and _packed(a[k]) != _packed(b[k])})
+
+
+_NO_DIFF = MetaDiff()
+
+
+@dataclass(frozen=True, slots=True)
+class Diff:
+    """What changed between two versions (``a`` -> ``b``): entries, metadata, derive params and inputs.
+
+    ``added``/``removed``/``changed`` are the entries (``changed`` includes
+    entries whose only change is their metadata; ``entry_meta`` says how).
+    ``meta`` compares the manifest-level metadata; ``params`` and ``inputs``
+    compare what a derive result records (``meta["derive"]["params"]`` and the
+    provenance record ``meta["casstore.inputs"]``, input name -> ``"blake3:..."``
+    or ``"manifest blake3:..."``), empty when neither side is a derive result.
+    """
+
+    added: Mapping[str, Entry]
+    removed: Mapping[str, Entry]
+    changed: Mapping[str, Tuple[Entry, Entry]]
+    meta: MetaDiff = _NO_DIFF
+    """Manifest-level metadata keys added, removed and changed."""
+    entry_meta: Mapping[str, MetaDiff] = field(default_factory=dict)
+    """For keys in both versions whose entry metadata differs: how."""
+    params: MetaDiff = _NO_DIFF
+    """Derive params added, removed and changed."""
+    inputs: MetaDiff = _NO_DIFF
+    """Derive inputs (provenance) added, removed and changed."""
+    a: Optional[Digest] = None
+    """The version compared from."""
+    b: Optional[Digest] = None
+    """The version compared to."""
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.changed or self.meta)
+
+
 def diff(store: Store, a: Union[Target, Manifest], b: Union[Target, Manifest]) -> Diff:
-    """Compare two manifests (names, digests or Manifest objects)."""
-    ea = (a if isinstance(a, Manifest) else read_manifest(store, a)).entries
-    eb = (b if isinstance(b, Manifest) else read_manifest(store, b)).entries
+    """Compare two manifests (names, digests or Manifest objects): entries, metadata, params, inputs."""
+    ma = a if isinstance(a, Manifest) else read_manifest(store, a)
+    mb = b if isinstance(b, Manifest) else read_manifest(store, b)
+    ea, eb = ma.entries, mb.entries
     added = {k: eb[k] for k in eb if k not in ea}
     removed = {k: ea[k] for k in ea if k not in eb}
     changed = {k: (ea[k], eb[k]) for k in ea if k in eb and not ea.same(k, eb)}
-    return Diff(added, removed, changed)
+    entry_meta = {}
+    for k, (x, y) in changed.items():
+        md = meta_diff(x.meta, y.meta)
+        if md:
+            entry_meta[k] = md
+    return Diff(added, removed, changed, meta_diff(ma.meta, mb.meta), entry_meta,
+                meta_diff(derive_params(ma.meta) or {}, derive_params(mb.meta) or {}),
+                meta_diff(input_labels(ma.meta), input_labels(mb.meta)), ma.digest, mb.digest)
