@@ -47,15 +47,13 @@ import sys
 import threading
 import time
 import weakref
-import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, TypedDict, Union, cast
-from zlib import crc32 as _crc32
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, TypedDict, Union, cast
 
 import blake3
 
 from ._faults import fault
-from ._fs import copy_range, disk_full, process_token
+from ._fs import disk_full, process_token
 from ._fs import pwrite_all as _pwrite_all
 from ._lock import DEFAULT_TIMEOUT
 from .digest import Digest, hash_fd
@@ -78,6 +76,12 @@ from .objects import LocalObjects
 from .objects.reader import open_object_file
 from .refs import validate_name
 
+_crc32: Callable[[Any], int]
+try:  # ISA-L's CRC-32 (same polynomial and values as zlib's): ~4x faster here (PCLMUL)
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:  # pragma: no cover - isal has wheels for the usual platforms
+    from zlib import crc32 as _crc32
+
 if TYPE_CHECKING:
     import numpy as np  # imported where needed: ``import casstore`` stays numpy-free
 
@@ -93,7 +97,9 @@ KIND = "casstore.index-cache"
 """``meta["kind"]`` of a manifest written by :meth:`IndexCache.preserve`."""
 ENTRY_KEY = "index-cache"
 """The manifest key under which :meth:`IndexCache.preserve` records the cache object."""
-VERIFY_MODES = ("full", "record", "open")
+VERIFY_MODES = ("once", "full", "record", "open")
+"""``verify=`` values; ``"once"`` is the default (each record checked the first time this process reads it)."""
+DEFAULT_VERIFY = "once"
 
 Buffer = Union[bytes, bytearray, memoryview]
 
@@ -106,9 +112,10 @@ _FOOT_MAGIC = b"CSICFOOT"
 # magic, format, slot size, length, table offset, data end, records, payload bytes, table crc, footer crc
 _FOOTER = struct.Struct("<8sIIQQQQQII")
 _INDEX_MAGIC = b"CSICLIVE"
-# magic, format, flags, length, payload bytes, records, next data file number
-_INDEX_HEADER = struct.Struct("<8sIIQQQI20x")
-_FLAGS_AT, _TOTAL_AT, _COUNT_AT, _NEXT_AT = 12, 24, 32, 40
+# magic, format, flags, length, payload bytes, records, (unused: was the next data file number), data end
+_INDEX_HEADER = struct.Struct("<8sIIQQQI4xQ8x")
+_FLAGS_AT, _TOTAL_AT, _COUNT_AT, _END_AT = 12, 24, 32, 48
+_DATA = "data.0"  # the one data file every process appends to, under the lock
 _FROZEN_FLAG = 1
 _DIRTY_FLAG = 2  # a commit is in progress; if its writer died, the next lock holder recounts
 _SLOT = struct.Struct("<QQQQ")  # offset, end offset, checksum, meta = tag << 32 | file << 8 | flags
@@ -122,7 +129,6 @@ _MISSING_SUM = (1 << 64) - 1  # checksum field of an absent index in a frozen ta
 _SMALL = 64 << 10  # records up to this size use CRC-32, larger ones BLAKE3-64
 _FUSE = 1 << 20  # records this large are hashed and written chunk by chunk (one pass over memory)
 _FUSE_CHUNK = 256 << 10
-_COPY_BUF = 8 << 20
 _M32 = 0xFFFFFFFF
 _M64 = (1 << 64) - 1
 _K = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5, 0xFF51AFD7ED558CCD)
@@ -186,7 +192,7 @@ def _write_hashed(fd: int, buf: Any, off: int) -> int:
 def _sum_ok(buf: Any, s: int, lo: int) -> bool:
     if lo & _BLAKE3:
         return _b3_64(buf, len(buf)) == s
-    return zlib.crc32(buf) == s
+    return _crc32(buf) == s
 
 
 
@@ -203,12 +209,6 @@ def _pread_all(fd: int, n: int, off: int) -> bytes:
         parts.append(more)
         got += len(more)
     return b"".join(parts)
-
-
-def _copy_range(src: int, dst: int, n: int, src_off: int, dst_off: int) -> None:
-    """Copy ``n`` bytes between files in the kernel where possible."""
-    if copy_range(src, dst, n, src_off, dst_off) != n:
-        raise IntegrityError(f"index cache data file ended early while freezing (fd {src}, offset {src_off})")
 
 
 def _remove_tree(path: str, owner: int) -> None:
@@ -264,15 +264,13 @@ def _open_private(path: Path) -> int:
 class _Proc:
     """What one process owns of a live cache: its lock descriptor and its data file."""
 
-    __slots__ = ("pid", "tlock", "lock_fd", "wfd", "wno", "wend", "rfds")
+    __slots__ = ("pid", "tlock", "lock_fd", "wfd", "rfds")
 
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.tlock = threading.Lock()  # threads of this process share one flock (same descriptor)
         self.lock_fd = -1
         self.wfd = -1
-        self.wno = -1
-        self.wend = 0
         self.rfds: Dict[int, int] = {}
 
     def close(self) -> None:
@@ -282,7 +280,7 @@ class _Proc:
                     os.close(fd)
                 except OSError:  # pragma: no cover
                     pass
-        self.lock_fd = self.wfd = self.wno = -1
+        self.lock_fd = self.wfd = -1
         self.rfds = {}
 
 
@@ -306,7 +304,12 @@ class IndexCache:
       SIGBUS; once space is freed the cache (and the store) work on.
     * ``max_bytes``: once the payload bytes would exceed it, ``put`` stores nothing and
       returns False (smaller records may still fit).  ``None``: no limit.
-    * ``verify``: ``"full"`` (default) checks every record's checksum on every ``get``
+    * ``verify``: ``"once"`` (default) checks each record's checksum the first time this
+      process reads it from the frozen cache (the bytes returned are the bytes checked)
+      and remembers that, so every byte is checked and repeated epochs cost no more
+      than unchecked reads; a byte that changes on disk *after* its record was checked
+      here is not caught by later gets (run :meth:`verify`).  ``"full"`` checks every
+      record's checksum on every ``get``
       and, in :meth:`open`, the preserved object's whole BLAKE3-256 digest first;
       ``"record"`` skips that whole-object hash (instant open of a huge cache; every get
       is still checked); ``"open"`` checks everything once -- the whole digest in
@@ -323,14 +326,14 @@ class IndexCache:
     __slots__ = (
         "store", "length", "max_bytes", "verify_mode", "lock_timeout", "name", "digest",
         "_dir", "_owner", "_imm", "_ifd", "_proc", "_fmm", "_fq", "_fcheck", "_ffd", "_fpath",
-        "_fcount", "_ftotal", "_finalizer", "_manifest_digest", "_qo", "_qe", "_qs", "_qm", "__weakref__",
+        "_fcount", "_ftotal", "_finalizer", "_manifest_digest", "_qo", "_qe", "_qs", "_qm", "_seen", "__weakref__",
     )
     _dir: Optional[Path]
     _imm: Any
     _finalizer: Optional[weakref.finalize[Any, Any]]
 
     def __init__(self, store: Store, length: int, *,
-                 max_bytes: Optional[int] = None, verify: str = "full",
+                 max_bytes: Optional[int] = None, verify: str = DEFAULT_VERIFY,
                  lock_timeout: Optional[float] = DEFAULT_TIMEOUT) -> None:
         self._init_fields(_check_store(store), length, max_bytes, verify, lock_timeout)
         root_tmp = self.store.objects.tmp
@@ -352,9 +355,14 @@ class IndexCache:
             self._ifd = fd
             # Zero slots are empty; the blocks are reserved, not left sparse (see _reserve: SIGBUS).
             _reserve(fd, _HDR + _SLOT_SIZE * self.length, d)
-            _pwrite_all(fd, _INDEX_HEADER.pack(_INDEX_MAGIC, FORMAT, 0, self.length, 0, 0, 0), 0)
+            _pwrite_all(fd, _INDEX_HEADER.pack(_INDEX_MAGIC, FORMAT, 0, self.length, 0, 0, 1, _HDR), 0)
             self._imm = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             os.close(os.open(d / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            dfd = os.open(d / _DATA, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                _pwrite_all(dfd, _FILE_HEADER.pack(_FILE_MAGIC, FORMAT), 0)
+            finally:
+                os.close(dfd)
         except OSError as e:
             self.close()
             raise disk_full(e, root_tmp, "creating an index cache") from None
@@ -380,7 +388,7 @@ class IndexCache:
         self.max_bytes: Optional[int] = max_bytes
         """Payload limit in bytes, or ``None``."""
         self.verify_mode: str = str(verify)
-        """``"full"``, ``"record"`` or ``"open"`` (see the class docstring)."""
+        """``"once"``, ``"full"``, ``"record"`` or ``"open"`` (see the class docstring)."""
         self.lock_timeout = lock_timeout
         self.name: Optional[str] = None
         """The pin name after :meth:`preserve` or :meth:`open` by name."""
@@ -398,7 +406,8 @@ class IndexCache:
         self._qe: Any = None
         self._qs: Any = None
         self._qm: Any = None
-        self._fcheck = True
+        self._fcheck = "every"
+        self._seen: Any = None
         self._ffd = -1
         self._fpath: Optional[Path] = None
         self._fcount = 0
@@ -408,14 +417,15 @@ class IndexCache:
     # -- opening a preserved cache --------------------------------------------------
 
     @classmethod
-    def open(cls, store: Store, target: Union[str, Digest], *, verify: str = "full") -> IndexCache:
+    def open(cls, store: Store, target: Union[str, Digest], *, verify: str = DEFAULT_VERIFY) -> IndexCache:
         """Map a cache kept by :meth:`preserve`: frozen, lock-free, nothing rebuilt.
 
         ``target`` is the pin name given to ``preserve``, a manifest version digest, or the
         cache object's digest (what ``preserve`` returned).  With ``verify="full"`` or
         ``"open"`` the whole object is hashed once and compared with its digest
-        (:class:`~casstore.IntegrityError` on a mismatch); ``"record"`` checks only the
-        table here and each record when read.  A name that is not an index cache raises
+        (:class:`~casstore.IntegrityError` on a mismatch); ``"once"`` (default) and
+        ``"record"`` check only the header, table and footer here and each record when read
+        (``"once"``: the first time this process reads it).  A name that is not an index cache raises
         :class:`~casstore.InvalidInputError`; a missing name or object (collected by gc or
         ``limit`` even while this runs) :class:`~casstore.ObjectNotFoundError`; an object
         file that is not a regular file (a planted FIFO, device or link)
@@ -483,7 +493,7 @@ class IndexCache:
         self._manifest_digest = manifest_digest
         path = Path(loc.path)
         self._map_frozen(fd, path, whole=digest if verify in ("full", "open") else None,
-                         check=verify != "open", what=f"index cache {what}")
+                         check=_CHECKS[verify], what=f"index cache {what}")
         if length is not None and length != self.length:
             self.close()
             raise IntegrityError(f"index cache {what}: its manifest says length {length}, its file {path} "
@@ -501,7 +511,7 @@ class IndexCache:
         """
         if self._fq is None:
             return self._get_live(i)
-        return _frozen_get_checked(self, i) if self._fcheck else _frozen_get_fast(self, i)
+        return _FROZEN_GETS[self._fcheck](self, i)
 
     def put(self, i: int, data: Buffer) -> bool:
         """Store ``data`` (bytes-like) at index ``i``; return True if this call stored it.
@@ -529,25 +539,19 @@ class IndexCache:
             return False
         s = -1
         if n <= _SMALL:
-            s = zlib.crc32(data)
+            s = _crc32(data)  # outside the lock; large records are hashed as they are written
             fl = _PRESENT
         else:
-            if n < _FUSE:
-                s = _b3_64(data, n)
             fl = _PRESENT | _BLAKE3
         p = self._proc
         if p.pid != os.getpid():
             p = self._after_fork()
         with p.tlock:
             if p.wfd < 0:
-                self._open_writer(p)
-            off = p.wend
-            if s < 0:
-                s = _write_hashed(p.wfd, data, off)
-            else:
-                _pwrite_all(p.wfd, data, off)
-            p.wend = off + n
-            fault("cache.put_after_data")
+                self._open_writer(p, i)
+            # The payload is appended under the lock, at the data end every process shares:
+            # the data file then holds exactly the committed records, back to back, so
+            # freeze appends the table in place and preserve links it (no copy, ever).
             self._lock(p)
             try:
                 if mm[_FLAGS_AT] & _FROZEN_FLAG:
@@ -557,14 +561,20 @@ class IndexCache:
                 total = _U64.unpack_from(mm, _TOTAL_AT)[0]
                 if mb is not None and total + n > mb:
                     return False
-                lo = fl | (p.wno << 8)
+                off = _U64.unpack_from(mm, _END_AT)[0]
+                if s < 0:
+                    s = _write_hashed(p.wfd, data, off)
+                else:
+                    _pwrite_all(p.wfd, data, off)
+                fault("cache.put_after_data")  # dies here: nothing committed, the end is not moved
                 mm[_FLAGS_AT] |= _DIRTY_FLAG
-                _SLOT28.pack_into(mm, base, off, off + n, s, lo)
+                _SLOT28.pack_into(mm, base, off, off + n, s, fl)
                 fault("cache.put_torn_slot")
-                _U32.pack_into(mm, base + 28, _tag(i, off, off + n, s, lo))  # the slot is valid from here
+                _U32.pack_into(mm, base + 28, _tag(i, off, off + n, s, fl))  # the slot is valid from here
                 fault("cache.put_after_slot")
                 _U64.pack_into(mm, _TOTAL_AT, total + n)
                 _U64.pack_into(mm, _COUNT_AT, _U64.unpack_from(mm, _COUNT_AT)[0] + 1)
+                _U64.pack_into(mm, _END_AT, off + n)
                 mm[_FLAGS_AT] &= ~_DIRTY_FLAG
             finally:
                 fcntl.flock(p.lock_fd, fcntl.LOCK_UN)
@@ -661,6 +671,8 @@ class IndexCache:
                  & (end >= off))
         _U64.pack_into(mm, _TOTAL_AT, int((end[valid] - off[valid]).sum()))
         _U64.pack_into(mm, _COUNT_AT, int(valid.sum()))
+        # Appends resume after the last committed record (a dead writer's payload beyond it is overwritten).
+        _U64.pack_into(mm, _END_AT, int(end[valid].max()) if valid.any() else _HDR)
         mm[_FLAGS_AT] &= ~_DIRTY_FLAG
         log.info("index cache %s: a writer died mid-put; recounted %d records", self._dir, int(valid.sum()))
 
@@ -689,30 +701,15 @@ class IndexCache:
                     f"`fuser {self._lock_path()}`"
                 )
 
-    def _open_writer(self, p: _Proc) -> None:
-        """Give this process its own append-only data file ``data.<k>``."""
+    def _open_writer(self, p: _Proc, i: int) -> None:
+        """Open the shared data file for appending (its offsets are handed out under the lock)."""
         assert self._dir is not None
-        mm = self._imm
-        self._lock(p)
         try:
-            k = _U32.unpack_from(mm, _NEXT_AT)[0]
-            if k >= 1 << 24:
-                raise InvalidInputError(f"index cache {self._dir}: more than 2**24 writer processes")
-            _U32.pack_into(mm, _NEXT_AT, k + 1)
-        finally:
-            fcntl.flock(p.lock_fd, fcntl.LOCK_UN)
-        path = self._dir / f"data.{k}"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        except OSError as e:
-            raise disk_full(e, self._dir, "creating an index cache data file") from None
-        try:
-            _pwrite_all(fd, _FILE_HEADER.pack(_FILE_MAGIC, FORMAT), 0)
-        except BaseException:  # a full disk: the number k stays unused, the next put tries again
-            os.close(fd)
-            path.unlink(missing_ok=True)
+            p.wfd = os.open(self._dir / _DATA, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            if self._adopt_frozen():  # frozen in place meanwhile: the data file became the frozen file
+                raise self._frozen_error(i) from None
             raise
-        p.wfd, p.wno, p.wend = fd, k, _HDR
 
     def _read_fd(self, fno: int) -> int:
         p = self._proc
@@ -774,14 +771,21 @@ class IndexCache:
             raise StoreFormatError(f"index cache {self._dir}: the frozen file vanished while freezing")
 
     def _build_frozen(self, p: _Proc) -> None:
-        """Write ``<dir>/frozen`` (caller holds the lock and has set the frozen flag)."""
+        """Turn the data file into ``<dir>/frozen`` in place (caller holds the lock, frozen flag set).
+
+        Every payload is appended under the lock, so ``data.0`` holds exactly the
+        committed records back to back (in the order they were put) up to the data
+        end: the table and footer are appended after it and the file is renamed.
+        Nothing is copied whatever order or processes wrote the records.  No writer
+        can touch the file afterwards: writes happen only under the lock, after a
+        check of the frozen flag.
+        """
         import numpy as np
 
         assert self._dir is not None
         d = self._dir
         L = self.length
-        slot_dt = np.dtype(_SLOT_FIELDS)
-        raw = np.frombuffer(self._imm, dtype=slot_dt, count=L, offset=_HDR).copy()
+        raw = np.frombuffer(self._imm, dtype=np.dtype(_SLOT_FIELDS), count=L, offset=_HDR).copy()
         off, end, s, meta = raw["off"], raw["end"], raw["sum"], raw["meta"]
         del raw
         lo = meta & np.uint64(_M32)
@@ -789,127 +793,38 @@ class IndexCache:
         valid = (((lo & np.uint64(_PRESENT)) != 0) & ((meta >> np.uint64(32)) == _tags_np(idx, off, end, s, lo))
                  & (end >= off))
         pres = np.flatnonzero(valid)
-        pn = end[pres] - off[pres]
-        total = int(pn.sum()) if len(pres) else 0
-        new_off = np.empty(len(pres), dtype=np.uint64)
-        if len(pres):
-            new_off[0] = _HDR
-            np.cumsum(pn[:-1], out=new_off[1:])
-            new_off[1:] += np.uint64(_HDR)
-        fno = (lo[pres] >> np.uint64(8)) & np.uint64(0xFFFFFF)
-        data_end = _HDR + total
-        table = np.zeros(L, dtype=slot_dt)
+        total = int((end[pres] - off[pres]).sum()) if len(pres) else 0
+        data_end = int(_U64.unpack_from(self._imm, _END_AT)[0])
+        if data_end != _HDR + total or (len(pres) and (int(off[pres].min()) < _HDR or int(end[pres].max()) > data_end)):
+            raise IntegrityError(f"index cache {d}: its index does not match its data file (records {total} bytes, "
+                                 f"data end {data_end}); the cache directory was damaged -- create a new cache")
+        table = np.zeros(L, dtype=np.dtype(_SLOT_FIELDS))
         table["sum"] = np.uint64(_MISSING_SUM)
-        flags = lo[pres] & np.uint64(0xFF)
-        new_end = new_off + pn
-        table["off"][pres] = new_off
-        table["end"][pres] = new_end
+        flags = lo[pres] & np.uint64(0xFF)  # the data file number (bits 8-31) is 0 in a frozen table
+        table["off"][pres] = off[pres]
+        table["end"][pres] = end[pres]
         table["sum"][pres] = s[pres]
-        table["meta"][pres] = flags | (_tags_np(pres.astype(np.uint64), new_off, new_end, s[pres], flags)
+        table["meta"][pres] = flags | (_tags_np(pres.astype(np.uint64), off[pres], end[pres], s[pres], flags)
                                        << np.uint64(32))
         tbytes = table.tobytes()
         table_off = (data_end + 7) & ~7
-        footer = self._footer(L, table_off, data_end, len(pres), total, zlib.crc32(tbytes))
+        footer = self._footer(L, table_off, data_end, len(pres), total, _crc32(tbytes))
         tail = b"\0" * (table_off - data_end) + tbytes + footer
-        in_place = (p.wfd >= 0 and p.wend == data_end
-                    and bool(np.all(fno == np.uint64(p.wno))) and bool(np.array_equal(off[pres], new_off)))
-        for stale in d.glob("frozen.*.tmp"):  # a freezer that died (we hold the lock)
-            stale.unlink(missing_ok=True)
-        if in_place:
-            # This process wrote every record, in index order, with nothing in between:
-            # its data file already is the frozen data region.  Append the table; no copy.
-            os.ftruncate(p.wfd, data_end)
-            _pwrite_all(p.wfd, tail, data_end)
-            src = d / f"data.{p.wno}"
-            if self.verify_mode == "open":
-                self._check_all_records(p.wfd, table, pres, src)
-            fault("cache.freeze_built")
-            os.rename(src, d / "frozen")
-            os.close(p.wfd)
-            p.wfd = p.wno = -1
-            return
-        tmp = d / f"frozen.{os.getpid()}.tmp"
-        out = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        srcs: Dict[int, int] = {}
-        try:
-            _pwrite_all(out, _FILE_HEADER.pack(_FILE_MAGIC, FORMAT), 0)
-            self._copy_records(out, srcs, fno.tolist(), off[pres].tolist(), pn.tolist())
-            _pwrite_all(out, tail, data_end)
-            if self.verify_mode == "open":
-                self._check_all_records(out, table, pres, tmp)
-            fault("cache.freeze_built")
-            os.rename(tmp, d / "frozen")
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        finally:
-            os.close(out)
-            for fd in srcs.values():
-                os.close(fd)
-
-    def _copy_records(self, out: int, srcs: Dict[int, int], fnos: List[int], offs: List[int],
-                      lens: List[int]) -> None:
-        """Copy records (index order) into ``out`` from offset 64, coalescing contiguous runs."""
-        assert self._dir is not None
-        buf = bytearray()
-        pos = _HDR  # where buf starts in out
-        maps: Dict[int, Any] = {}
-
-        def src(k: int) -> int:
-            fd = srcs.get(k)
-            if fd is None:
-                assert self._dir is not None
-                fd = srcs[k] = os.open(self._dir / f"data.{k}", os.O_RDONLY | os.O_CLOEXEC)
-            return fd
-
-        def view(k: int) -> Any:
-            mv = maps.get(k)
-            if mv is None:
-                fd = src(k)
-                size = os.fstat(fd).st_size
-                mv = maps[k] = memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ)) if size else memoryview(b"")
-            return mv
-
-        def flush() -> None:
-            nonlocal pos
-            if buf:
-                _pwrite_all(out, buf, pos)
-                pos += len(buf)
-                buf.clear()
-
-        def run(k: int, o: int, m: int) -> None:
-            nonlocal pos
-            if m >= _COPY_BUF // 8:
-                flush()
-                _copy_range(src(k), out, m, o, pos)
-                pos += m
-                return
-            v = view(k)
-            if o + m > len(v):
-                raise IntegrityError(f"index cache {self._dir}: data.{k} is shorter than its records; "
-                                     "the cache directory was damaged -- create a new cache")
-            buf.extend(v[o:o + m])
-            if len(buf) >= _COPY_BUF:
-                flush()
-
-        try:
-            rk, ro, rn = -1, 0, 0
-            for k, o, m in zip(fnos, offs, lens, strict=True):
-                if k == rk and o == ro + rn:
-                    rn += m
-                    continue
-                if rn:
-                    run(rk, ro, rn)
-                rk, ro, rn = k, o, m
-            if rn:
-                run(rk, ro, rn)
-            flush()
-        finally:
-            for mv in maps.values():
-                obj = mv.obj
-                mv.release()
-                if isinstance(obj, mmap.mmap):
-                    obj.close()
+        src = d / _DATA
+        if p.wfd < 0:
+            p.wfd = os.open(src, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        if os.fstat(p.wfd).st_size < data_end:
+            raise IntegrityError(f"index cache {d}: {src} is shorter than its records; the cache directory was "
+                                 "damaged -- create a new cache")
+        # A writer or freezer that died left bytes past the data end: drop them, then append.
+        os.ftruncate(p.wfd, data_end)
+        _pwrite_all(p.wfd, tail, data_end)
+        if self.verify_mode == "open":
+            self._check_all_records(p.wfd, table, pres, src)
+        fault("cache.freeze_built")
+        os.rename(src, d / "frozen")
+        os.close(p.wfd)
+        p.wfd = -1
 
     def _check_all_records(self, fd: int, table: np.ndarray, pres: np.ndarray, path: Path) -> None:
         """verify="open": check every record of a new frozen file once, before it is published."""
@@ -929,7 +844,7 @@ class IndexCache:
     def _footer(length: int, table_off: int, data_end: int, count: int, total: int, table_crc: int) -> bytes:
         body = _FOOTER.pack(_FOOT_MAGIC, FORMAT, _SLOT_SIZE, length, table_off, data_end, count, total,
                             table_crc, 0)[:-4]
-        return body + _U32.pack(zlib.crc32(body))
+        return body + _U32.pack(_crc32(body))
 
     def _adopt_frozen(self) -> bool:
         """Map ``<dir>/frozen`` if it exists (the cache was frozen, perhaps by another process)."""
@@ -942,10 +857,10 @@ class IndexCache:
             fd = _open_private(path)
         except FileNotFoundError:
             return False
-        self._map_frozen(fd, path, whole=None, check=self.verify_mode != "open", what=f"index cache {self._dir}")
+        self._map_frozen(fd, path, whole=None, check=_CHECKS[self.verify_mode], what=f"index cache {self._dir}")
         return True
 
-    def _map_frozen(self, fd: int, path: Path, *, whole: Optional[Digest], check: bool, what: str) -> None:
+    def _map_frozen(self, fd: int, path: Path, *, whole: Optional[Digest], check: str, what: str) -> None:
         """Map the frozen file open as ``fd`` (owned from here on) and validate its header, footer
         and table (and whole digest).
 
@@ -975,7 +890,7 @@ class IndexCache:
             fo = size - _FOOTER.size
             (fmagic, ffmt, slot, length, table_off, data_end, count, total, tcrc,
              fcrc) = _FOOTER.unpack_from(mm, fo)
-            if fmagic != _FOOT_MAGIC or fcrc != zlib.crc32(mm[fo:fo + _FOOTER.size - 4]):
+            if fmagic != _FOOT_MAGIC or fcrc != _crc32(mm[fo:fo + _FOOTER.size - 4]):
                 raise IntegrityError(f"{what}: the footer of {path} is damaged or missing (truncated file?)")
             if ffmt > FORMAT:
                 raise StoreFormatError(f"{what}: file format {ffmt} is newer than this casstore; upgrade casstore")
@@ -985,7 +900,7 @@ class IndexCache:
             pad = mm[data_end:table_off]
             if fmt < 1 or mm[:_HDR] != _FILE_HEADER.pack(_FILE_MAGIC, fmt) or pad.count(0) != len(pad):
                 raise IntegrityError(f"{what}: reserved bytes of {path} are not zero; the file is damaged")
-            if zlib.crc32(mm[table_off:fo]) != tcrc:
+            if _crc32(mm[table_off:fo]) != tcrc:
                 raise IntegrityError(f"{what}: the index table of {path} is damaged (CRC-32 mismatch); "
                                      "rebuild the cache")
             tv = memoryview(mm)[table_off:fo]
@@ -1005,8 +920,14 @@ class IndexCache:
         self._fmm, self._fq, self._ffd, self._fpath = mm, q, fd, path
         # Strided views: offsets, ends, checksums, meta of every index (no arithmetic per get).
         self._qo, self._qe, self._qs, self._qm = q[0::4], q[1::4], q[2::4], q[3::4]
+        if check == "first":
+            # One byte per index, zero until that record has been checked in this process.
+            # Anonymous and private: pages cost memory only once touched (a 10^8-index
+            # cache does not allocate 100 MB at open), and a forked worker starts from
+            # what its parent had checked (the same file's bytes).
+            self._seen = mmap.mmap(-1, max(1, int(length)), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         if type(self) in _SWAPPABLE:  # frozen for good: switch to the lock-free read path
-            self.__class__ = _FrozenChecked if check else _FrozenFast
+            self.__class__ = _FROZEN_CLASSES[check]
         self._fcheck = check
         self._fcount, self._ftotal = int(count), int(total)
 
@@ -1211,7 +1132,7 @@ class IndexCache:
                 v.release()
         if type(self) in _SWAPPABLE:
             self.__class__ = IndexCache
-        for attr in ("_fmm", "_imm"):
+        for attr in ("_fmm", "_imm", "_seen"):
             m = getattr(self, attr)
             setattr(self, attr, None)
             if m is not None:
@@ -1322,6 +1243,29 @@ def _frozen_get_fast(self: IndexCache, i: int) -> Optional[bytes]:
     return self._missing(i)
 
 
+def _frozen_get_once(self: IndexCache, i: int) -> Optional[bytes]:
+    """:meth:`IndexCache.get` of a frozen cache with verify="once": a record is checked the first time this
+    process reads it (the returned copy is what is checked), then remembered as checked."""
+    try:
+        if i < 0 or i is True or i is False:  # a bool is not an index (True would read record 1)
+            raise IndexError
+        e = self._qe[i]
+    except (IndexError, TypeError):
+        raise self._index_error(i) from None
+    if e:
+        b: bytes = self._fmm[self._qo[i]:e]
+        seen = self._seen
+        if not seen[i]:
+            if self._qm[i] & _BLAKE3:
+                if _b3_64(b, len(b)) != self._qs[i]:
+                    raise self._corrupt(i)
+            elif _crc32(b) != self._qs[i]:
+                raise self._corrupt(i)
+            seen[i] = 1
+        return b
+    return self._missing(i)
+
+
 class _FrozenChecked(IndexCache):
     """A frozen IndexCache whose gets check each record's checksum.
 
@@ -1340,4 +1284,15 @@ class _FrozenFast(IndexCache):
     get = _frozen_get_fast
 
 
-_SWAPPABLE = (IndexCache, _FrozenChecked, _FrozenFast)
+class _FrozenOnce(IndexCache):
+    """A frozen IndexCache that checks each record the first time this process reads it (verify="once")."""
+
+    __slots__ = ()
+    get = _frozen_get_once
+
+
+_SWAPPABLE = (IndexCache, _FrozenChecked, _FrozenFast, _FrozenOnce)
+_CHECKS = {"once": "first", "full": "every", "record": "every", "open": "none"}  # verify mode -> frozen-get check
+_FROZEN_GETS: Dict[str, Callable[[IndexCache, int], Optional[bytes]]] = {
+    "every": _frozen_get_checked, "first": _frozen_get_once, "none": _frozen_get_fast}
+_FROZEN_CLASSES: Dict[str, type] = {"every": _FrozenChecked, "first": _FrozenOnce, "none": _FrozenFast}

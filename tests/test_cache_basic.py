@@ -184,7 +184,10 @@ def _frozen_bytes(c: IndexCache) -> bytes:
     return Path(c.path).read_bytes()
 
 
-def test_layout_is_canonical_and_identical_runs_dedupe(store: casstore.Store) -> None:
+def test_layout_is_order_of_arrival_and_freeze_never_copies(store: casstore.Store) -> None:
+    """Records sit in the order they were put; freeze appends the table to the one data file in
+    place whatever the order, so identical in-order runs still give one object, and a reversed
+    fill gives a different file with the same records."""
     n = 300
     recs = {i: payload(i) for i in range(n) if i % 7}
     in_order = IndexCache(store, n)
@@ -196,21 +199,27 @@ def test_layout_is_canonical_and_identical_runs_dedupe(store: casstore.Store) ->
     dup = IndexCache(store, n)
     for i in sorted(recs):
         dup.put(i, recs[i])
-        assert not dup.put(i, b"garbage that is written, then refused")
+        assert not dup.put(i, b"refused before anything is written")
+    inodes = {}
     for c in (in_order, reverse, dup):
+        assert c._dir is not None
+        inodes[id(c)] = os.stat(c._dir / "data.0").st_ino
         c.freeze()
-    assert _frozen_bytes(in_order) == _frozen_bytes(reverse) == _frozen_bytes(dup)
-    # The in-order single writer froze in place: its data file *became* the frozen file.
-    assert in_order._dir is not None and not list(in_order._dir.glob("data.*"))
-    assert reverse._dir is not None and list(reverse._dir.glob("data.*"))
+        # The data file *became* the frozen file: same inode, no data file left, no copy made.
+        assert c.path is not None and os.stat(c.path).st_ino == inodes[id(c)]
+        assert not list(c._dir.glob("data.*"))
+        assert os.path.getsize(c.path) == 64 + sum(map(len, recs.values())) + (-sum(map(len, recs.values())) % 8) \
+            + 32 * n + 64
+    assert _frozen_bytes(in_order) == _frozen_bytes(dup) != _frozen_bytes(reverse)
+    assert all(reverse.get(i) == in_order.get(i) for i in range(n))
     before = {p for p in (store.root / "objects").rglob("*") if p.is_file()}
     d1 = in_order.preserve("run-1")
     d2 = reverse.preserve("run-2")
     d3 = dup.preserve("run-1")  # same content, same name: no-op
-    assert d1 == d2 == d3
+    assert d1 == d3 != d2
     after = {p for p in (store.root / "objects").rglob("*") if p.is_file()}
-    assert len(after - before) == 2  # one cache object and one manifest, for three caches
-    assert store.manifest("run-1").digest == store.manifest("run-2").digest
+    assert len(after - before) == 4  # two cache objects and two manifests, for three caches
+    assert IndexCache.open(store, "run-2").get(1) == recs[1]
 
 
 def test_preserve_does_not_copy_the_data(store: casstore.Store) -> None:

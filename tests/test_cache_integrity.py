@@ -56,28 +56,29 @@ def test_every_single_byte_flip_of_a_preserved_cache_is_caught(store: casstore.S
         flip(path, pos, bit=pos % 8)
         try:
             with pytest.raises(casstore.IntegrityError):
-                IndexCache.open(store, "small")  # verify="full": whole BLAKE3 digest
-            try:
-                o = IndexCache.open(store, "small", verify="record")
-            except (casstore.IntegrityError, casstore.StoreFormatError):
-                caught_at_open += 1
-                continue
-            wrong = False
-            for i, want in expect.items():
+                IndexCache.open(store, "small", verify="full")  # whole BLAKE3 digest
+            for mode in ("record", "once"):  # once: the first get of each record checks it
                 try:
-                    got = o.get(i)
-                except casstore.IntegrityError:
-                    caught_at_get += 1
-                    wrong = True
+                    o = IndexCache.open(store, "small", verify=mode)
+                except (casstore.IntegrityError, casstore.StoreFormatError):
+                    caught_at_open += 1
                     continue
-                assert got == want, f"flip at byte {pos} returned damaged data for index {i}"
-            if not wrong:
-                silent += 1  # e.g. alignment padding: no record's bytes changed
-            o.close()
+                wrong = False
+                for i, want in expect.items():
+                    try:
+                        got = o.get(i)
+                    except casstore.IntegrityError:
+                        caught_at_get += 1
+                        wrong = True
+                        continue
+                    assert got == want, f"flip at byte {pos} returned damaged data for index {i} ({mode})"
+                if not wrong:
+                    silent += 1  # e.g. alignment padding: no record's bytes changed
+                o.close()
         finally:
             flip(path, pos, bit=pos % 8)  # restore
     assert IndexCache.open(store, "small").get(0) == recs[0]
-    assert caught_at_open > 100 and caught_at_get >= 57  # header/table/footer, and every data byte
+    assert caught_at_open > 200 and caught_at_get >= 114  # header/table/footer, and every data byte
     assert silent == 0  # header, padding, table and footer are all checked
 
 
@@ -147,7 +148,9 @@ def test_damaged_table_footer_or_truncation_is_refused(store: casstore.Store) ->
     with pytest.raises(casstore.IntegrityError):
         IndexCache.open(store, "t", verify="record")
     with pytest.raises(casstore.IntegrityError, match="is corrupt: object"):
-        IndexCache.open(store, "t")
+        IndexCache.open(store, "t", verify="full")
+    with pytest.raises(casstore.IntegrityError, match="footer"):
+        IndexCache.open(store, "t")  # verify="once" reads the footer at open
 
 
 # -- fuzz: the frozen-file parser takes arbitrary bytes -----------------------------------
