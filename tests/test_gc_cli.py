@@ -117,3 +117,18 @@ def test_maintenance_option_values_are_checked_by_the_parser(cli_store: casstore
     assert main(["--store", str(cli_store.root), "gc", "--grace", "whenever"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("casstore: error: invalid grace") and err.rstrip().endswith("[InvalidInputError]")
+
+
+def test_gc_shows_provenance_warnings_and_keeps_inputs(store: casstore.Store,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    raw = store.put(b"raw input")
+    with store.edit("proc") as m:
+        m["out"] = store.put(b"out")
+        m.meta["casstore.inputs"] = {"raw": str(raw), "bad": "blake3:nope\x1b[2J"}
+    store.freeze("proc")
+    rc, out = run(store, capsys, "gc", "--yes", "--grace", "0s", "--keep-history", "0")
+    assert rc == 0 and "warning: pinned 'proc': provenance input 'bad' is malformed" in out
+    assert "\x1b" not in out and raw in store
+    rc, out = run(store, capsys, "gc", "--json", "--grace", "0s")
+    doc = json.loads(out)
+    assert len(doc["warnings"]) == 1 and "nothing extra is kept" in doc["warnings"][0]

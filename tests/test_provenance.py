@@ -259,4 +259,17 @@ def test_corrupt_input_version_warns_instead_of_stopping_gc(store: casstore.Stor
     assert len(plan.warnings) == 1 and "IntegrityError" in plan.warnings[0]
     assert unz.digest.hex in hexes(store.root)  # left for verify --repair
     assert garbage.hex not in hexes(store.root)
-    assert not store.verify().ok
+    report = store.verify()
+    assert not report.ok and unz.digest in report.corrupt
+    assert len(report.provenance) == 1 and "IntegrityError" in report.provenance[0]
+    assert "PROVENANCE" in report.summary()
+
+
+def test_verify_reports_malformed_records_without_failing(store: casstore.Store) -> None:
+    made_from(store, "proc", {"bad": "blake3:zz"})
+    store.freeze("proc")
+    made_from(store, "fine", {"raw": str(store.put(b"raw"))})
+    report = store.verify()
+    assert report.ok and len(report.provenance) == 1 and "pinned 'proc'" in report.provenance[0]
+    assert report.to_dict()["provenance"] == list(report.provenance)
+    assert "PROVENANCE" in report.summary() and report.provenance == store.plan_gc().warnings

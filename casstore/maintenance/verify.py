@@ -54,12 +54,19 @@ from .._layout import BAD, OBJECTS
 from .._progress import Progress, human_bytes
 from .._shared import STATE
 from ..digest import Digest, hash_bytes, hash_fd, new_hasher
-from ..errors import IntegrityError, InvalidInputError, InvalidTypeError, ObjectNotFoundError, StoreFormatError
+from ..errors import (
+    CasstoreError,
+    IntegrityError,
+    InvalidInputError,
+    InvalidTypeError,
+    ObjectNotFoundError,
+    StoreFormatError,
+)
 from ..objects.local import LocalObjects, ObjFile
 from ..objects.reader import open_object_file
 from .durations import Duration, parse_duration
 from .files import ObjectDirs
-from .graph import Graph, entry_refs
+from .graph import Graph, compute_live, entry_refs
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -105,6 +112,9 @@ class VerifyReport:
     seconds: float
     fast: bool
     repaired: bool
+    provenance: Tuple[str, ...] = ()
+    """Malformed or unreadable derive provenance records of pins and current heads (what gc warns
+    about; it keeps nothing extra for them).  Not damage by itself: ``ok`` does not depend on it."""
 
     @property
     def ok(self) -> bool:
@@ -131,6 +141,8 @@ class VerifyReport:
             lines.append(f"MOVED    {p}")
         for p in self.removed_tmp:
             lines.append(f"REMOVED  {p}")
+        for w in self.provenance:
+            lines.append(f"PROVENANCE {w}")
         for d, who in self.lost.items():
             lines.append(f"LOST     {d}: needed by {', '.join(who)}; no good copy is left in objects/ "
                          "-- put the original data again (or fetch it from a remote)")
@@ -160,6 +172,7 @@ class VerifyReport:
             "seconds": round(self.seconds, 3),
             "fast": self.fast,
             "repaired": self.repaired,
+            "provenance": list(self.provenance),
         }
 
 
@@ -449,6 +462,11 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
     if not fast and store.writable:
         _save_state(store, new_state)
 
+    try:
+        # The same reading of provenance records as gc's (keep_history 0: pins and current heads).
+        provenance = tuple(compute_live(objects, store.refs, 0).warnings)
+    except (CasstoreError, OSError):
+        provenance = ()  # a root gc cannot read: already reported above as missing, corrupt or unreadable
     return VerifyReport(
         corrupt=tuple(Digest(h) for h in corrupt_hex),
         missing=tuple(Digest(h) for h in missing),
@@ -458,6 +476,7 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
         details=MappingProxyType({Digest(h): v for h, v in details.items() if h in shown}),
         lost=MappingProxyType(lost),
         quarantined=tuple(quarantined),
+        provenance=provenance,
         removed_tmp=tuple(removed),
         checked=checked,
         skipped=skipped,
