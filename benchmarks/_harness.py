@@ -61,15 +61,45 @@ class Row:
     met: Optional[bool] = None
     group: str = ""
     details: Dict[str, Any] = field(default_factory=dict)
+    limit: Optional[float] = None
+    """The machine's limit for this figure, in ``unit`` (measured in the same interleave; see :func:`read_limit_s`)."""
+    of_limit: Optional[float] = None
+    """casstore's fraction of ``limit`` (higher is better; 1.0 = at the limit)."""
 
 
 def ratio_row(operation: str, cas: float, ref: float, unit: str, *, min_ratio: Optional[float] = None,
-              details: Optional[Dict[str, Any]] = None) -> Row:
-    """A row comparing two higher-is-better numbers (throughput, ops/s)."""
+              details: Optional[Dict[str, Any]] = None, limit: Optional[float] = None,
+              min_of_limit: Optional[float] = None) -> Row:
+    """A row comparing two higher-is-better numbers (throughput, ops/s).
+
+    ``limit`` is the machine's limit in the same unit (e.g. the rate at
+    :func:`read_limit_s`); the row then also shows casstore's fraction of it.
+    The target is on the ratio (``min_ratio``), on the fraction of the limit
+    (``min_of_limit``), or on both (both must hold).
+    """
     ratio = cas / ref if ref else None
+    of_limit = cas / limit if limit else None
+    checks: List[Optional[bool]] = []
+    targets: List[str] = []
+    if min_ratio is not None:
+        targets.append(f">= {min_ratio:g}x")
+        checks.append(None if ratio is None else ratio >= min_ratio)
+    if min_of_limit is not None:
+        targets.append(f">= {min_of_limit:g}x limit")
+        checks.append(None if of_limit is None else of_limit >= min_of_limit)
+    met = None if not checks or any(c is None for c in checks) else all(checks)
+    return Row(operation, cas, ref, unit, ratio, ", ".join(targets), met, details=details or {}, limit=limit,
+               of_limit=of_limit)
+
+
+def time_row(operation: str, cas_s: float, ref_s: float, unit: str = "ms", *, min_ratio: Optional[float] = None,
+             details: Optional[Dict[str, Any]] = None) -> Row:
+    """A row of two lower-is-better times (seconds in, shown in ``unit``: "ms" or "us"); ratio = ref / cas."""
+    scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
+    ratio = ref_s / cas_s if cas_s else None
     met = None if min_ratio is None or ratio is None else ratio >= min_ratio
     target = "" if min_ratio is None else f">= {min_ratio:g}x"
-    return Row(operation, cas, ref, unit, ratio, target, met, details=details or {})
+    return Row(operation, cas_s * scale, ref_s * scale, unit, ratio, target, met, details=details or {})
 
 
 def limit_row(operation: str, value: float, unit: str, *, max_value: float, reference: Optional[float] = None,
@@ -145,6 +175,175 @@ def summary(xs: Sequence[float]) -> Dict[str, Any]:
 def rate(amount: float, seconds: Sequence[float]) -> float:
     """``amount`` per second at the median of ``seconds``."""
     return amount / median(seconds)
+
+
+# -- the machine's limits (microbenchmarks run inside the same interleave) --------
+
+
+def read_limit_s(t_read: float, t_hash_1core: float) -> float:
+    """The fastest a verified read can be on this 2-core machine, in seconds.
+
+    The plain read and one core's BLAKE3 of the same bytes, spread perfectly
+    over both cores, and never faster than the plain read alone:
+    ``max(t_read, (t_read + t_hash_1core) / 2)`` (issue 15).  Pass medians
+    measured in the same interleave as the figure they bound.
+    """
+    return max(t_read, (t_read + t_hash_1core) / 2)
+
+
+HASH_POOL_BYTES = 64 * MiB  # twice the 32 MiB L3: hashing from it runs at memory speed, as a hash of the page cache
+
+
+class HashPool:
+    """Incompressible bytes to hash "the same number of bytes" without holding a second copy of them.
+
+    BLAKE3's speed does not depend on the values, only on the length and on
+    where the bytes come from; the pool is larger than the CPU caches, so a
+    hash of ``nbytes`` taken from it in turn runs at memory speed like a hash
+    of the page cache, minus the page faults of mapping a file (those are a
+    cost of the implementation, not of the machine).
+    """
+
+    def __init__(self, size: int = HASH_POOL_BYTES, seed: int = 7) -> None:
+        import numpy as np
+
+        self.buf = memoryview(np.random.default_rng(seed).bytes(size))
+
+    def hash(self, nbytes: int, *, piece: int, threads: int = 1) -> None:
+        """Hash ``nbytes`` as objects of ``piece`` bytes (a new hasher per piece), on ``threads`` threads.
+
+        ``threads=0`` means blake3's AUTO (one per core).
+        """
+        import blake3
+
+        mt = blake3.blake3.AUTO if threads == 0 else threads
+        pool, size, off, left = self.buf, len(self.buf), 0, nbytes
+        while left:
+            n = min(piece, left)
+            h = blake3.blake3(max_threads=mt)
+            rest = n
+            while rest:
+                k = min(rest, size - off)
+                h.update(pool[off:off + k])
+                off = (off + k) % size
+                rest -= k
+            h.digest()
+            left -= n
+
+    def case(self, name: str, nbytes: int, *, piece: int, threads: int = 1) -> Case:
+        """An interleave :class:`Case` hashing ``nbytes`` (see :meth:`hash`)."""
+        def run(_r: int) -> None:
+            self.hash(nbytes, piece=piece, threads=threads)
+
+        return Case(name, run)
+
+
+def readinto_case(name: str, paths: Sequence[Path], buf: bytearray) -> Case:
+    """The plain read: each file ``readinto`` the preallocated ``buf`` (whole, or reused in buffer-sized steps)."""
+    view = memoryview(buf)
+
+    def run(_r: int) -> None:
+        for p in paths:
+            with open(p, "rb", buffering=0) as f:
+                while f.readinto(view):
+                    pass
+
+    return Case(name, run)
+
+
+def write_case(name: str, payloads: Sequence[bytes | memoryview], out_dir: Path, *, durable: bool) -> Case:
+    """The plain write: each payload to a new file in ``out_dir`` (+ fsync of the file and the dir if durable).
+
+    The files are unlinked (untimed) after each round; ``os.sync()`` runs
+    (untimed) before each round so earlier dirty pages are not flushed on this
+    case's clock.
+    """
+    made: List[str] = []
+
+    def setup(_r: int) -> None:
+        os.sync()
+
+    def run(r: int) -> None:
+        dfd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for i, data in enumerate(payloads):
+                path = os.path.join(out_dir, f"{name}-{r}-{i}")
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                try:
+                    mv = memoryview(data).cast("B")
+                    off = 0
+                    while off < len(mv):
+                        off += os.write(fd, mv[off:])
+                    if durable:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+                made.append(path)
+                if durable:
+                    os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def teardown(_r: int) -> None:
+        for p in made:
+            os.unlink(p)
+        made.clear()
+
+    return Case(name, run, setup, teardown)
+
+
+def malloc_trim() -> bool:
+    """Return the C heap's free memory to the kernel (glibc ``malloc_trim(0)``); False where unavailable."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
+def pressure() -> Dict[str, float]:
+    """Cumulative seconds some task stalled on CPU, memory and I/O (Linux PSI); ``{}`` where unavailable.
+
+    The difference over a measurement says whether the machine was busy
+    meanwhile: a verified read uses both cores, so CPU stalls from other
+    processes (or from kernel writeback and reclaim) cost it more than a
+    one-core plain read, and its ratio drops (see README "Fair runs").
+    """
+    out: Dict[str, float] = {}
+    for res in ("cpu", "memory", "io"):
+        try:
+            with open(f"/proc/pressure/{res}") as f:
+                some = f.readline().split()
+        except OSError:
+            continue
+        out[res] = int(some[-1].partition("=")[2]) / 1e6
+    return out
+
+
+def pressure_since(before: Dict[str, float]) -> Dict[str, float]:
+    """Stall seconds per resource since ``before`` (from :func:`pressure`)."""
+    now = pressure()
+    return {k: round(now[k] - v, 3) for k, v in before.items() if k in now}
+
+
+SETTLE_S = 2.0
+
+
+def settle(seconds: float = SETTLE_S) -> None:
+    """Untimed, before a module or a big-memory scenario: leave the machine as a fresh run would find it.
+
+    ``os.sync()`` (earlier writes' dirty pages are flushed now, not on the next
+    figure's clock), ``gc.collect()`` + ``malloc_trim(0)`` (freed heap goes back
+    to the kernel instead of lingering in free lists), then a short sleep so
+    writeback and the kernel's reclaim threads finish before timing starts.
+    """
+    os.sync()
+    gc.collect()
+    malloc_trim()
+    time.sleep(seconds)
 
 
 # -- files ----------------------------------------------------------------
@@ -266,7 +465,8 @@ def _fmt(v: Optional[float], unit: str) -> str:
 
 
 def format_table(rows: Sequence[Row]) -> str:
-    header = ["operation", "casstore", "reference", "ratio", "target", "met?"]
+    """The results table: casstore, reference, ratio, the machine's limit and casstore's fraction of it."""
+    header = ["operation", "casstore", "reference", "ratio", "limit", "of limit", "target", "met?"]
     body = []
     for r in rows:
         met = "-" if r.met is None else ("yes" if r.met else "NO")
@@ -275,11 +475,13 @@ def format_table(rows: Sequence[Row]) -> str:
             _fmt(r.casstore, r.unit),
             _fmt(r.reference, r.unit),
             "-" if r.ratio is None else f"{r.ratio:.2f}x",
+            _fmt(r.limit, r.unit),
+            "-" if r.of_limit is None else f"{r.of_limit:.2f}x",
             r.target or "(info)",
             met,
         ])
     widths = [max(len(str(x[i])) for x in [header, *body]) for i in range(len(header))]
-    right = {1, 2, 3}
+    right = {1, 2, 3, 4, 5}
 
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(c.rjust(w) if i in right else c.ljust(w)
@@ -291,6 +493,12 @@ def format_table(rows: Sequence[Row]) -> str:
 
 def rows_to_json(rows: Sequence[Row]) -> List[Dict[str, Any]]:
     return [asdict(r) for r in rows]
+
+
+def rows_from_json(items: Sequence[Dict[str, Any]]) -> List[Row]:
+    """Inverse of :func:`rows_to_json` (rows coming back from a module run in a child process)."""
+    names = set(Row.__dataclass_fields__)
+    return [Row(**{k: v for k, v in item.items() if k in names}) for item in items]
 
 
 def failure_label(name: str, exc: BaseException) -> str:
