@@ -431,7 +431,9 @@ def pin(store: Store, name: str, target: Target, *, force: bool = False,
     The version must be a valid manifest in the store, and every object it
     names must be there too (invariant 2: nothing refers to a missing object)
     unless ``allow_missing`` (remote-only objects).  GC cannot delete them
-    meanwhile: the check runs under the store's commit lock.
+    meanwhile: the check runs under the store's commit lock.  The derive inputs
+    its provenance record names need not be here; gc keeps those that are
+    (docs/maintenance.md, "Provenance": why there is no ``with_inputs``).
     """
     name = _name(name)
     timeout = _timeout(timeout)
