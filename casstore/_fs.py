@@ -20,6 +20,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import queue
 import re
 import secrets
 import shutil
@@ -29,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Callable, Generic, List, Optional, Protocol, Type, TypeVar
+from typing import Any, Callable, Generic, List, Optional, Protocol, Tuple, Type, TypeVar
 
 __all__ = [
     "Staging",
@@ -49,6 +50,7 @@ __all__ = [
     "free_bytes",
     "run_beside",
     "Beside",
+    "helper_threads",
     "STALE_AGE",
 ]
 
@@ -259,20 +261,86 @@ def copy_exact(src: int, dst: int, size: int) -> None:
 T = TypeVar("T")
 
 
+# Helper threads are kept and reused: starting a thread cost ~190 us here (a
+# firecracker VM), as much as reading a 1 MiB array, while handing work to an
+# idle one costs a single wake-up.  At most _IDLE_MAX stay parked (blocked,
+# no CPU) between calls; any beyond that (concurrent callers) exit when done.
+_IDLE_MAX = 2
+_pool_lock = threading.Lock()
+_idle: List[_Worker] = []
+
+
+def _reset_pool() -> None:
+    """In a forked child the parked threads do not exist: forget them (fork copies no threads)."""
+    global _pool_lock
+    _pool_lock = threading.Lock()
+    _idle.clear()
+
+
+os.register_at_fork(after_in_child=_reset_pool)
+
+
+class _Worker:
+    """One reusable helper thread: runs the jobs handed to it, then parks itself or exits."""
+
+    __slots__ = ("_jobs", "thread")
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Tuple[Callable[[], None], Any]] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="casstore-helper", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Callable[[], None], done: Any) -> None:
+        """Run ``job`` (which must not raise), then release the lock ``done``."""
+        self._jobs.put((job, done))
+
+    def _run(self) -> None:
+        while True:
+            job, done = self._jobs.get()
+            job()
+            # Park before signalling: a caller that starts new work right after
+            # join() then finds this thread idle instead of starting another.
+            with _pool_lock:
+                parked = len(_idle) < _IDLE_MAX
+                if parked:
+                    _idle.append(self)
+            done.release()
+            if not parked:
+                return
+
+
+def _worker() -> _Worker:
+    with _pool_lock:
+        if _idle:
+            return _idle.pop()
+    return _Worker()
+
+
+def helper_threads() -> int:
+    """How many helper threads are parked for reuse (at most a small constant; for tests)."""
+    with _pool_lock:
+        return len(_idle)
+
+
 class Beside(Generic[T]):
     """Work running on a helper thread beside the caller: :meth:`join` returns its result or re-raises.
 
     The one "run on a helper thread, box the result, join, re-raise" helper:
     hashing overlaps with reading (blake3 drops the GIL), fsync overlaps with
-    hashing.  The helper never outlives a failure of the caller: use it as a
-    context manager, or call :meth:`join` in a ``finally``.
+    hashing.  The work never outlives a failure of the caller: use it as a
+    context manager, or call :meth:`join` in a ``finally``.  The thread itself
+    is reused for later work (at most two are kept parked, see ``_IDLE_MAX``).
     """
 
-    __slots__ = ("_thread", "_box", "_err")
+    __slots__ = ("_done", "_box", "_err", "name")
 
     def __init__(self, fn: Callable[[], T], name: str) -> None:
         self._box: List[T] = []
         self._err: List[BaseException] = []
+        self.name = name
+        done = threading.Lock()
+        done.acquire()
+        self._done = done
 
         def work() -> None:
             try:
@@ -280,12 +348,16 @@ class Beside(Generic[T]):
             except BaseException as e:  # re-raised in the caller by join()
                 self._err.append(e)
 
-        self._thread = threading.Thread(target=work, name=name, daemon=True)
-        self._thread.start()
+        _worker().submit(work, done)
+
+    def wait(self) -> None:
+        """Wait for the helper to finish (its result or error stays for :meth:`join`)."""
+        self._done.acquire()
+        self._done.release()
 
     def join(self) -> T:
         """Wait for the helper; its result, or its exception raised here."""
-        self._thread.join()
+        self.wait()
         if self._err:
             raise self._err[0]
         return self._box[0]
@@ -295,11 +367,11 @@ class Beside(Generic[T]):
 
     def __exit__(self, et: Optional[Type[BaseException]], ev: Optional[BaseException],
                  tb: Optional[TracebackType]) -> None:
-        self._thread.join()
+        self.wait()
 
 
 def run_beside(fn: Callable[[], T], name: str = "casstore-helper") -> Beside[T]:
-    """Start ``fn`` on a helper thread; see :class:`Beside`."""
+    """Start ``fn`` on a (reused) helper thread; see :class:`Beside`."""
     return Beside(fn, name)
 
 

@@ -57,7 +57,7 @@ from .._fs import (
 )
 from .._layout import OBJECTS, is_fanout, object_path
 from ..codecs import CODECS, RAW, ZSTD, Codec, CompressArg, file_sample_pays, normalize_compress, sample_pays
-from ..digest import Digest, hash_bytes, hash_fd, new_hasher, parse_prefix
+from ..digest import Digest, HashBeside, hash_bytes, hash_fd, new_hasher, parse_prefix
 from ..errors import (
     AmbiguousDigestError,
     CompressedObjectError,
@@ -79,6 +79,8 @@ _READ_BUFFER = 256 << 10  # BufferedReader size for open(): see LocalObjects.ope
 # hashes while the caller's thread reads.  Starting a thread and mapping windows
 # cost more than they save on small objects (4 MiB: 6.1 vs 8.4 GB/s here).
 OVERLAP_MIN = 16 << 20
+# Raw puts from this size up write while a helper thread hashes (see put_parts).
+PUT_OVERLAP_MIN = 1 << 20
 _BATCH = 512  # put_many: objects staged per filesystem sync
 _MODE = 0o444  # objects are read-only for everyone
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -302,31 +304,52 @@ class LocalObjects(ObjectStore):
     @_no_space
     def put(self, data: Buffer, *, compress: CompressArg = None) -> Digest:
         """Store ``data``; return its digest.  Idempotent: same bytes, same digest, one object."""
-        mv = as_buffer(data)
-        d = hash_bytes(mv)
-        if self.touch(d):
-            return d
-        self._write_buffer(d, mv, self.level_for(compress), durable=self.durable)
-        return d
+        return self.put_parts([as_buffer(data)], compress=compress)
 
     @_no_space
     def put_parts(self, parts: Iterable[Buffer], *, compress: CompressArg = None) -> Digest:
-        """Store the concatenation of ``parts`` without concatenating them in memory."""
+        """Store the concatenation of ``parts`` without concatenating them in memory.
+
+        Large raw puts write the parts to the staging file while a helper
+        thread hashes the same buffers (:class:`~casstore.digest.HashBeside`),
+        then check for an existing copy (dedupe) before the one fsync.
+        """
         mvs = [as_buffer(p, "put_parts") for p in parts]
         total = sum(len(m) for m in mvs)
+        level = self.level_for(compress)
+        packed = level is not None and total > 0 and sample_pays(max(mvs, key=len))
+        if total >= PUT_OVERLAP_MIN and not packed:
+            return self._put_raw_overlapped(mvs)
         h = new_hasher(threaded=total >= (1 << 20))
         for m in mvs:
             h.update(m)
         d = Digest(h.hexdigest())
         if self.touch(d):
             return d
-        level = self.level_for(compress)
-        if level is not None and total and sample_pays(max(mvs, key=len)):
-            self._write_buffer(d, memoryview(b"".join(mvs)), level, durable=self.durable)
-            return d
         with self.stage() as st:
+            if packed:
+                assert level is not None
+                st.write(ZSTD.encode(mvs[0] if len(mvs) == 1 else memoryview(b"".join(mvs)), level))
+                self.publish(st, d, ZSTD)
+                return d
             for m in mvs:
                 st.write(m)
+            self.publish(st, d, RAW)
+        return d
+
+    def _put_raw_overlapped(self, mvs: Sequence[memoryview]) -> Digest:
+        # Hash (CPU, GIL released) and write (a copy into the page cache) overlap.
+        # The dedupe check comes after both, but before the fsync: re-putting an
+        # existing object costs a page-cache write that is thrown away, never a sync.
+        with self.stage() as st:
+            with HashBeside() as hasher:
+                for m in mvs:
+                    hasher.feed(m)
+                for m in mvs:
+                    st.write(m)
+                d = hasher.digest()
+            if self.touch(d):
+                return d
             self.publish(st, d, RAW)
         return d
 
