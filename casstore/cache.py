@@ -933,7 +933,7 @@ class IndexCache:
 
     # -- preserve -----------------------------------------------------------------
 
-    def preserve(self, name: str) -> Digest:
+    def preserve(self, name: str, *, overwrite: bool = False) -> Digest:
         """Freeze, then keep the cache as one object pinned under ``name``; return the object's digest.
 
         The frozen file becomes the object without a second copy: it is hashed while it
@@ -942,7 +942,8 @@ class IndexCache:
         "format": 1}`` is written, then pinned: the name appears only once everything
         it needs is durable, so a crash leaves the name absent or complete.  Identical
         runs store one object and preserving again under the same name is a no-op; a name
-        already pinned to something else raises :class:`~casstore.FrozenError`.  A full
+        already pinned to something else raises :class:`~casstore.FrozenError` unless
+        ``overwrite`` (then the pin moves to this cache, atomically).  A full
         disk raises :class:`~casstore.errors.DiskFullError`; preserving again once space
         is freed completes the job.
         """
@@ -960,7 +961,7 @@ class IndexCache:
         md = self.store.objects.put(mdata, compress=False)
         fault("cache.preserve_after_manifest")
         try:
-            pin(self.store, name, md)
+            pin(self.store, name, md, force=overwrite)
         except FrozenError as e:
             raise FrozenError(
                 f"cannot preserve index cache {self._dir or self._fpath} as {name!r}: that name is already pinned "

@@ -246,3 +246,45 @@ def test_fuzz_frozen_file_parser(store: casstore.Store, data: bytes, mode: str) 
     finally:
         tracemalloc.stop()
     assert peak < (1 << 20) + 2 * len(data), peak  # nothing beyond the input's bound
+
+
+def test_verify_once_checks_each_record_on_its_first_read_and_only_then(store: casstore.Store) -> None:
+    """The default mode: nothing is hashed at open beyond the table; a byte flipped on disk after
+    open but before a record's first read is caught there; once a record was checked in this
+    process it is not checked again (documented: a later flip is found by verify(), not by get)."""
+    recs = {i: payload(i, 200 + 50 * i) for i in range(6)}
+    recs[6] = payload(6, 300_000)  # a BLAKE3-64 record
+    c = build(store, recs, 7)
+    c.preserve("once")
+    c.close()
+    o = IndexCache.open(store, "once")
+    assert o.verify_mode == "once"
+    path = o.path
+    assert path is not None
+    offs = {}
+    pos = 64
+    for i in range(7):
+        offs[i] = pos
+        pos += len(recs[i])
+    assert o.get(1) == recs[1]  # checked now, and remembered
+    flip(path, offs[3] + 7)  # after open, before the first read of record 3
+    flip(path, offs[6] + 250_000)  # and of the large record 6
+    with pytest.raises(casstore.IntegrityError, match="record 3"):
+        o.get(3)
+    with pytest.raises(casstore.IntegrityError, match="record 3"):
+        o.get(3)  # a failed check is not remembered as checked
+    with pytest.raises(casstore.IntegrityError, match="record 6"):
+        o.get(6)
+    flip(path, offs[1] + 3)  # after record 1 was checked: get no longer re-checks it (documented)
+    assert o.get(1) != recs[1]
+    with pytest.raises(casstore.IntegrityError, match="is corrupt"):
+        o.verify()  # the whole object's digest, then every record
+    # Another open (another process, the next run) checks every record again on first read.
+    o2 = IndexCache.open(store, "once")
+    with pytest.raises(casstore.IntegrityError, match="record 1"):
+        o2.get(1)
+    for p_ in (offs[1] + 3, offs[3] + 7, offs[6] + 250_000):
+        flip(path, p_)
+    assert [o2.get(i) for i in range(7)] == [recs[i] for i in range(7)]
+    o.close()
+    o2.close()

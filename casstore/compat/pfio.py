@@ -1,0 +1,405 @@
+"""pfio's file caches on :class:`casstore.IndexCache`: switch with one import line.
+
+::
+
+    from pfio.cache import FileCache, MultiprocessFileCache          # before
+    from casstore.compat.pfio import FileCache, MultiprocessFileCache  # after
+
+The constructors, methods and return values are pfio 2.x's (``put`` returns False when
+frozen or full, ``get`` None for a missing index, ``preserve`` False for a name that
+exists unless ``overwrite``, ``preload`` False for a missing name, ``cache_size_limit``
+freezes the cache once reached, ``do_pickle``, ``dir``, ``verbose``, ...).  Underneath,
+the cache is an :class:`~casstore.IndexCache` in a casstore store at ``<dir>/casstore``:
+
+* records are checked (a damaged byte raises :class:`~casstore.IntegrityError`, pfio
+  returns it), every process may put at any time (no fsync per put), and a crash never
+  leaves a half-written cache under a name;
+* ``preserve(name)`` pins the frozen cache in that store under ``name`` (no copy), and
+  ``preload(name)`` maps it again; what was preserved is content-addressed, verifiable
+  (``casstore --store <dir>/casstore cache verify NAME``) and collected by gc once unpinned.
+
+Differences, all documented in docs/index-cache.md ("Switching from pfio"): preserved
+caches live in the store, not as ``<dir>/<name>`` files (pfio's own preserved files are
+not read); ``trace`` is accepted and ignored; the store's directory stays after
+``close``; an ``IntegrityError`` replaces silently damaged data.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import numbers
+import os
+import pickle
+import warnings
+from typing import Callable, Optional
+
+from ..cache import DEFAULT_VERIFY, IndexCache
+from ..errors import DiskFullError, FrozenError, InvalidInputError, ObjectNotFoundError, StoreFormatError
+from ..store import Store, open_store
+
+__all__ = ["FileCache", "MultiprocessFileCache", "ReadOnlyFileCache", "STORE_DIR", "INDEX_BYTES"]
+
+STORE_DIR = "casstore"
+"""Name of the casstore store created inside ``dir`` (unless ``store=`` is given)."""
+INDEX_BYTES = 16
+"""Bytes per index that ``cache_size_limit`` counts on top of the data, as pfio's file does."""
+
+
+def _default_cache_path() -> str:
+    """pfio's default: ``$XDG_CACHE_HOME/pfio``, else ``$HOME/.cache/pfio``."""
+    base = os.getenv("XDG_CACHE_HOME")
+    if not base:
+        base = os.path.join(os.getenv("HOME", ""), ".cache")
+    return os.path.join(base, "pfio")
+
+
+def _check_length(length: int) -> int:
+    if isinstance(length, bool) or not isinstance(length, numbers.Integral):
+        raise TypeError(f"length must be an int, not {type(length).__name__}")
+    if length <= 0 or length >= 2 ** 64:
+        raise InvalidInputError("length has to be between 0 and 2^64")
+    return int(length)
+
+
+def _check_limit(limit: Optional[int]) -> Optional[int]:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, numbers.Real) or limit < 0):
+        raise InvalidInputError(
+            "cache_size_limit has to be either None, zero (both indicate unlimited) or larger than 0. "
+            f"{limit!r} is specified."
+        )
+    return limit
+
+
+class _PfioCache:
+    """What pfio's ``FileCache`` and ``MultiprocessFileCache`` share; not public."""
+
+    _what = "cache"
+
+    def __init__(self, length: int, *, do_pickle: bool, dir: Optional[str], cache_size_limit: Optional[int],
+                 verbose: bool, trace: bool, store: Optional[Store], verify: str) -> None:
+        self.length = _check_length(length)
+        """Number of indices."""
+        self.do_pickle = bool(do_pickle)
+        """``put`` pickles and ``get`` unpickles."""
+        self.cache_size_limit = _check_limit(cache_size_limit)
+        """Bytes (data plus 16 per index, as pfio counts) after which the cache stops accepting puts."""
+        self.verbose = bool(verbose)
+        """Print what happens, as pfio does."""
+        self.trace = bool(trace)
+        """Accepted for pfio compatibility; casstore records no profiler events."""
+        self.dir = _default_cache_path() if dir is None else os.fspath(dir)
+        """The directory that holds the store (``<dir>/casstore``) unless ``store=`` was given."""
+        if store is None:
+            os.makedirs(self.dir, exist_ok=True)
+            store = open_store(os.path.join(self.dir, STORE_DIR))
+        self.store = store
+        """The casstore store that holds the cache and the preserved caches."""
+        self.verify = verify
+        """IndexCache's ``verify=`` mode for this cache and the caches it preloads."""
+        self.closed = False
+        """True after :meth:`close`."""
+        self._full = False  # cache_size_limit was reached: pfio freezes the cache then
+        max_bytes: Optional[int] = None
+        if self.cache_size_limit:  # pfio: None and 0 both mean unlimited
+            max_bytes = max(0, int(self.cache_size_limit) - INDEX_BYTES * self.length)
+        self._cache = IndexCache(store, self.length, max_bytes=max_bytes, verify=verify)
+        if self.verbose:
+            print(f"created cache in {self._cache.store.root}: {self._cache!r}")
+
+    @property
+    def index_cache(self) -> IndexCache:
+        """The :class:`~casstore.IndexCache` underneath (live, frozen or preloaded)."""
+        return self._cache
+
+    def __len__(self) -> int:
+        """The cache's length (number of indices)."""
+        return self.length
+
+    @property
+    def frozen(self) -> bool:
+        """True once no more puts are accepted: preserved, preloaded, or ``cache_size_limit`` reached."""
+        return self._full or self._cache.frozen
+
+    def get(self, i: int) -> object:
+        """The data at ``i`` (unpickled with ``do_pickle``), or None if there is none or the cache is closed.
+
+        Raises ``IndexError`` for an index outside ``0 .. length-1`` and
+        :class:`~casstore.IntegrityError` for damaged data (pfio would return it).
+        """
+        if self.closed:
+            return None
+        data = self._cache.get(i)
+        if self.do_pickle and data:
+            return pickle.loads(data)
+        return data
+
+    def put(self, i: int, data: object) -> bool:
+        """Store ``data`` at ``i`` (pickled with ``do_pickle``); True if stored.
+
+        False if the cache is closed or frozen, ``i`` already has data, or the data would
+        pass ``cache_size_limit`` (which then freezes the cache, as in pfio).  A full disk
+        warns (``RuntimeWarning``) and returns False, as in pfio.
+        """
+        if self.closed or self._full:
+            return False
+        raw = pickle.dumps(data) if self.do_pickle else data
+        try:
+            ok = self._cache.put(i, raw)  # type: ignore[arg-type]  # IndexCache checks the type
+        except FrozenError:
+            return False
+        except OSError as e:  # DiskFullError is one
+            if isinstance(e, DiskFullError) or e.errno in (errno.ENOSPC, errno.EDQUOT):
+                warnings.warn(str(e), RuntimeWarning, stacklevel=2)
+                return False
+            raise
+        if not ok and self.cache_size_limit and i not in self._cache:
+            self._full = True  # refused for size, not as a duplicate: stop accepting, as pfio does
+        return ok
+
+    def get_and_cache(self, i: int, backend_get: Callable[[int], object]) -> object:
+        """``get(i)``; if there is nothing, ``backend_get(i)``, put it in the cache, and return it."""
+        data = self.get(i)
+        if data is None:
+            data = backend_get(i)
+            self.put(i, data)
+        return data
+
+    def _name_exists(self, name: str) -> bool:
+        return name in self.store.pins()
+
+    def preserve(self, name: str, overwrite: bool = False) -> bool:
+        """Freeze the cache and keep it in the store under ``name``; True on success.
+
+        False (nothing done) if ``name`` already exists, unless ``overwrite`` (the name
+        then moves to this cache).  No data is copied; the name appears only once the
+        cache is durable, so a crash leaves the name absent or complete.  Afterwards
+        the cache accepts no puts and reads from the preserved object.
+        """
+        if not overwrite and self._name_exists(name):
+            if self.verbose:
+                print(f'Specified cache named "{name}" already exists in {self.store.root}')
+            return False
+        self._cache.preserve(name, overwrite=overwrite)
+        return True
+
+    def preload(self, name: str) -> bool:
+        """Replace this (empty) cache with the one preserved as ``name``; True on success.
+
+        False if the cache is already frozen or there is no such name.  The preserved
+        cache is mapped read-only and checked as ``verify`` says; no puts afterwards.
+        """
+        if self.frozen:
+            if self.verbose:
+                print(f"Failed to preload the cache from {name}: The cache is already frozen.")
+            return False
+        try:
+            opened = IndexCache.open(self.store, name, verify=self.verify)
+        except ObjectNotFoundError:
+            if self.verbose:
+                print(f"Failed to preload the cache from {name}: not found in {self.store.root}")
+            return False
+        old, self._cache = self._cache, opened
+        old.close()
+        return True
+
+    def close(self) -> None:
+        """Release the cache; the process that created it also removes its live files."""
+        if not self.closed:
+            self.closed = True
+            self._cache.close()
+
+    def __enter__(self) -> _PfioCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._cache!r}>"
+
+
+class FileCache(_PfioCache):
+    """pfio's ``FileCache`` (``pfio.cache.FileCache``) on :class:`~casstore.IndexCache`.
+
+    Same constructor and behaviour as pfio 2.x; see the module docstring for the
+    differences.  ``store=`` (a :class:`~casstore.Store`) and ``verify=`` (IndexCache's
+    verify mode, default ``"once"``) are casstore's additions.
+    """
+
+    def __init__(self, length: int, multithread_safe: bool = False, do_pickle: bool = False,
+                 dir: Optional[str] = None, cache_size_limit: Optional[int] = None, verbose: bool = False,
+                 trace: bool = False, *, store: Optional[Store] = None, verify: str = DEFAULT_VERIFY) -> None:
+        self._multithread_safe = bool(multithread_safe)
+        super().__init__(length, do_pickle=do_pickle, dir=dir, cache_size_limit=cache_size_limit,
+                         verbose=verbose, trace=trace, store=store, verify=verify)
+
+    @property
+    def multiprocess_safe(self) -> bool:
+        """As pfio reports it: True once frozen (the IndexCache underneath is safe across processes anyway)."""
+        return self.frozen
+
+    @property
+    def multithread_safe(self) -> bool:
+        """The ``multithread_safe`` given to the constructor (the IndexCache is thread-safe anyway)."""
+        return self._multithread_safe
+
+    def __enter__(self) -> FileCache:
+        return self
+
+
+class MultiprocessFileCache(_PfioCache):
+    """pfio's ``MultiprocessFileCache`` on :class:`~casstore.IndexCache`.
+
+    Hand it to DataLoader workers (fork or spawn); every worker puts and gets at once.
+    ``preserve`` and ``preload`` are refused in a worker (``RuntimeError``), as in pfio.
+    Unlike pfio, a put takes microseconds (no fsync per put) and a crash leaves no
+    partial record.
+    """
+
+    def __init__(self, length: int, do_pickle: bool = False, dir: Optional[str] = None,
+                 cache_size_limit: Optional[int] = None, verbose: bool = False, trace: bool = False, *,
+                 store: Optional[Store] = None, verify: str = DEFAULT_VERIFY) -> None:
+        self._master_pid = os.getpid()
+        super().__init__(length, do_pickle=do_pickle, dir=dir, cache_size_limit=cache_size_limit,
+                         verbose=verbose, trace=trace, store=store, verify=verify)
+
+    @property
+    def multiprocess_safe(self) -> bool:
+        """Always True."""
+        return True
+
+    @property
+    def multithread_safe(self) -> bool:
+        """Always True."""
+        return True
+
+    def preserve(self, name: str, overwrite: bool = False) -> bool:
+        """As :meth:`FileCache.preserve`; only in the process that created the cache."""
+        if self._master_pid != os.getpid():
+            raise RuntimeError("Cannot preserve a cache in a worker process")
+        return super().preserve(name, overwrite)
+
+    def preload(self, name: str) -> bool:
+        """As :meth:`FileCache.preload`; only in the process that created the cache."""
+        if self.frozen:
+            return super().preload(name)  # False
+        if self._master_pid != os.getpid():
+            raise RuntimeError("Cannot preload a cache in a worker process")
+        return super().preload(name)
+
+    def close(self) -> None:
+        """Release the cache; in a worker only that worker's descriptors (the files stay for the others)."""
+        if os.getpid() == self._master_pid:
+            super().close()
+        else:
+            self._cache.close()
+
+    def __enter__(self) -> MultiprocessFileCache:
+        return self
+
+
+class ReadOnlyFileCache:
+    """pfio's ``ReadOnlyFileCache``: a preserved cache, memory-mapped, for any number of processes.
+
+    ``ReadOnlyFileCache(length, dir=d).preload(name)``; ``put`` and ``preserve`` raise
+    ``io.UnsupportedOperation``.  ``preload`` of a missing name raises
+    ``FileNotFoundError`` and of a cache with missing indices ``RuntimeError``, as in pfio.
+    """
+
+    def __init__(self, length: int, do_pickle: bool = False, dir: Optional[str] = None, verbose: bool = False,
+                 *, store: Optional[Store] = None, verify: str = DEFAULT_VERIFY) -> None:
+        self.length = _check_length(length)
+        """Number of indices."""
+        self.do_pickle = bool(do_pickle)
+        """``get`` unpickles."""
+        self.verbose = bool(verbose)
+        """Accepted for pfio compatibility."""
+        self.dir = _default_cache_path() if dir is None else os.fspath(dir)
+        """The directory that holds the store (``<dir>/casstore``) unless ``store=`` was given."""
+        self._store = store
+        self.verify = verify
+        """IndexCache's ``verify=`` mode."""
+        self.closed = True
+        """True until :meth:`preload` succeeds, and after :meth:`close`."""
+        self._cache: Optional[IndexCache] = None
+
+    def __len__(self) -> int:
+        """The cache's length."""
+        return self.length
+
+    @property
+    def frozen(self) -> bool:
+        """Always True."""
+        return True
+
+    @property
+    def multiprocess_safe(self) -> bool:
+        """Always True."""
+        return True
+
+    @property
+    def multithread_safe(self) -> bool:
+        """Always True."""
+        return True
+
+    def get(self, i: int) -> object:
+        """The data at ``i`` (unpickled with ``do_pickle``); None before :meth:`preload` or after close."""
+        c = self._cache
+        if self.closed or c is None:
+            return None
+        if isinstance(i, numbers.Integral) and not 0 <= i < self.length:
+            raise IndexError(f"index {i} out of range ([0, {self.length - 1}])")
+        data = c.get(i)
+        if self.do_pickle and data:
+            return pickle.loads(data)
+        return data
+
+    def put(self, i: int, data: object) -> bool:
+        """Always raises ``io.UnsupportedOperation``."""
+        raise io.UnsupportedOperation("read only cache")
+
+    def preserve(self, name: str, overwrite: bool = False) -> bool:
+        """Always raises ``io.UnsupportedOperation``."""
+        raise io.UnsupportedOperation("read only")
+
+    def get_and_cache(self, i: int, backend_get: Callable[[int], object]) -> object:
+        """``get(i)``, else ``backend_get(i)`` (nothing can be cached)."""
+        data = self.get(i)
+        return backend_get(i) if data is None else data
+
+    def preload(self, name: str) -> bool:
+        """Map the cache preserved as ``name``; True.  ``FileNotFoundError`` if there is none."""
+        store = self._store
+        if store is None:
+            root = os.path.join(self.dir, STORE_DIR)
+            try:
+                store = self._store = open_store(root, create=False)
+            except (StoreFormatError, OSError) as e:  # no store there yet: nothing was ever preserved
+                raise FileNotFoundError(errno.ENOENT, f"no preserved cache {name!r}: {e}", root) from None
+        try:
+            c = IndexCache.open(store, name, verify=self.verify)
+        except ObjectNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, f"no preserved cache named {name!r} in {store.root}") from None
+        count, length = c.count, c.length
+        if count < length:
+            c.close()
+            raise RuntimeError(f"Incomplete cache file: {name!r} has {count} of {length} indices")
+        if self._cache is not None:
+            self._cache.close()
+        self._cache = c
+        self.closed = False
+        return True
+
+    def close(self) -> None:
+        """Release the map."""
+        if self._cache is not None:
+            self._cache.close()
+            self._cache = None
+        self.closed = True
+
+    def __enter__(self) -> ReadOnlyFileCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,276 @@
+"""casstore.compat.pfio: pfio's FileCache / MultiprocessFileCache / ReadOnlyFileCache semantics on IndexCache.
+
+Our own tests of the behaviour pfio users rely on (pfio's test files are not copied here):
+return conventions, the size limit that freezes, preserve/preload round trips between the
+classes, forked workers, and the places where casstore is stricter (damaged data raises).
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+import pickle
+import random
+import subprocess
+import warnings
+from pathlib import Path
+from typing import Any, Iterator, List
+
+import blake3
+import pytest
+
+import casstore
+from casstore.compat.pfio import STORE_DIR, FileCache, MultiprocessFileCache, ReadOnlyFileCache
+
+JOIN = 60.0
+
+
+def sample(i: int) -> bytes:
+    return blake3.blake3(b"pf%d" % i).digest(length=100 + (i * 37) % 3000)
+
+
+@pytest.fixture
+def cdir(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+def test_put_get_and_get_and_cache_with_and_without_pickle(cdir: Path) -> None:
+    with FileCache(50, dir=str(cdir), do_pickle=True) as c:
+        assert len(c) == 50 and c.dir == str(cdir)
+        assert not c.multiprocess_safe and not c.multithread_safe and not c.frozen  # as pfio reports
+        order = random.Random(1).sample(range(50), 50) * 2
+        calls: List[int] = []
+
+        def backend(i: int) -> object:
+            calls.append(i)
+            return {"i": i, "x": [i] * 3}
+
+        for i in order:
+            assert c.get_and_cache(i, backend) == {"i": i, "x": [i] * 3}
+        assert sorted(calls) == list(range(50))  # each index fetched from the backend once
+        assert c.put(3, "other") is False  # first writer wins
+        assert c.get(3) == {"i": 3, "x": [3, 3, 3]}
+    assert c.closed and c.get(3) is None  # pfio: a closed cache returns None
+    assert c.put(4, "x") is False
+    with FileCache(5, multithread_safe=True, dir=str(cdir)) as raw:
+        assert raw.multithread_safe
+        assert raw.get(0) is None
+        assert raw.put(0, b"bytes") is True and raw.get(0) == b"bytes"
+        with pytest.raises(IndexError):
+            raw.get(5)
+        with pytest.raises(IndexError):
+            raw.put(-1, b"x")
+        with pytest.raises(TypeError):
+            raw.put(1, "a str without do_pickle")  # as pfio (os.pwrite refuses a str)
+
+
+def test_constructor_arguments_are_checked_as_pfio_does(cdir: Path) -> None:
+    for bad in (0, -1):
+        with pytest.raises(ValueError):
+            FileCache(bad, dir=str(cdir))
+    for limit in (-1, "10"):
+        with pytest.raises(ValueError):
+            MultiprocessFileCache(10, dir=str(cdir), cache_size_limit=limit)  # type: ignore[arg-type]
+    c = FileCache(3, dir=str(cdir), cache_size_limit=0)  # 0 and None: unlimited
+    assert c.put(0, b"x" * 100_000) and c.put(1, b"y" * 100_000)
+    assert (cdir / STORE_DIR / "store.toml").exists()  # dir holds a casstore store
+    c.close()
+
+
+@pytest.mark.parametrize("cls", [FileCache, MultiprocessFileCache])
+def test_size_limit_counts_like_pfio_and_then_freezes(cdir: Path, cls: Any) -> None:
+    # pfio counts 16 bytes per index plus the data; reaching the limit freezes the cache,
+    # so even a record that would still fit is refused afterwards.
+    with cls(10, dir=str(cdir), cache_size_limit=160 + 120) as c:
+        assert c.put(0, b"x" * 50) and c.put(1, b"x" * 50)
+        assert not c.frozen
+        assert c.put(2, b"x" * 50) is False  # 260 + 50 > 280
+        assert c.frozen
+        assert c.put(3, b"y" * 20) is False  # would fit, but the cache is frozen now
+        assert c.get(0) == b"x" * 50 and c.get(2) is None and c.get(3) is None
+        assert c.preload("anything") is False  # pfio: a frozen cache does not preload
+    with cls(20, dir=str(cdir), cache_size_limit=320 + 100) as c:  # exactly reaching it is allowed
+        assert all(c.put(i, b"z" * 10) for i in range(10))
+        assert not any(c.put(i, b"z" * 10) for i in range(10, 20))
+        assert c.put(0, b"dup") is False and c.get(0) == b"z" * 10
+
+
+@pytest.mark.parametrize("cls", [FileCache, MultiprocessFileCache])
+def test_preserve_and_preload_round_trips(cdir: Path, cls: Any) -> None:
+    c = cls(10, dir=str(cdir), do_pickle=True)
+    for i in range(10):
+        assert c.put(i, str(i))
+    assert c.preload("kept") is False  # nothing by that name yet
+    assert c.preserve("kept") is True
+    assert c.frozen and c.multiprocess_safe
+    assert c.put(0, "late") is False  # frozen: refused, as pfio
+    assert [c.get(i) for i in range(10)] == [str(i) for i in range(10)]
+    assert c.preserve("kept") is False  # the name exists: nothing done (pfio)
+    assert c.preserve("kept-2") is True  # the same cache under a second name
+    c.close()
+    store = casstore.open(cdir / STORE_DIR)
+    assert {"kept", "kept-2"} <= set(store.pins())
+    assert store.manifest("kept").digest == store.manifest("kept-2").digest
+    for other in (FileCache, MultiprocessFileCache):  # a preserved cache preloads into either class
+        with other(10, dir=str(cdir), do_pickle=True) as d:
+            assert d.preload("kept") is True
+            assert d.frozen and [d.get(i) for i in range(10)] == [str(i) for i in range(10)]
+            assert d.put(1, "x") is False
+            assert d.preload("kept") is False  # already frozen
+            assert d.preserve(f"kept-{other.__name__}") is True  # a preloaded cache preserves under one more name
+    # overwrite=True moves the name to a different cache.
+    e = cls(10, dir=str(cdir), do_pickle=True)
+    e.put(0, "new")
+    assert e.preserve("kept") is False
+    assert e.preserve("kept", overwrite=True) is True
+    e.close()
+    with FileCache(10, dir=str(cdir), do_pickle=True) as f:
+        assert f.preload("kept") and f.get(0) == "new" and f.get(1) is None
+    with FileCache(10, dir=str(cdir), do_pickle=True) as f:
+        assert f.preload("kept-2") and f.get(1) == "1"
+
+
+def test_read_only_file_cache(cdir: Path) -> None:
+    roc = ReadOnlyFileCache(8, dir=str(cdir), do_pickle=True)
+    assert roc.frozen and roc.closed and roc.get(0) is None
+    with pytest.raises(FileNotFoundError):
+        roc.preload("nothing")  # pfio: open() of a missing file
+    c = FileCache(8, dir=str(cdir), do_pickle=True)
+    for i in range(8):
+        c.put(i, [i])
+    c.preserve("full")
+    part = FileCache(8, dir=str(cdir))
+    part.put(0, b"only one")
+    part.preserve("partial")
+    with pytest.raises(io.UnsupportedOperation):
+        roc.put(0, b"x")
+    with pytest.raises(io.UnsupportedOperation):
+        roc.preserve("x")
+    with pytest.raises(RuntimeError, match="Incomplete"):
+        roc.preload("partial")  # pfio's ReadOnlyFileCache needs every index
+    assert roc.preload("full") is True and not roc.closed
+    assert [roc.get(i) for i in range(8)] == [[i] for i in range(8)]
+    with pytest.raises(IndexError):
+        roc.get(8)
+    roc.close()
+    assert roc.closed and roc.get(0) is None
+
+
+def test_damaged_data_raises_instead_of_being_returned(cdir: Path) -> None:
+    c = FileCache(4, dir=str(cdir))
+    for i in range(4):
+        c.put(i, sample(i))
+    c.preserve("d")
+    c.close()
+    f = FileCache(4, dir=str(cdir))
+    assert f.preload("d")
+    path = f.index_cache.path
+    assert path is not None
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as fh:  # flip one byte of record 2 after preload, before its first read
+        fh.seek(64 + len(sample(0)) + len(sample(1)) + 5)
+        b = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([b[0] ^ 0x40]))
+    assert f.get(1) == sample(1)
+    with pytest.raises(casstore.IntegrityError, match="record 2"):
+        f.get(2)
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+def _mp_writer(c: MultiprocessFileCache, worker: int, n: int, out: Any) -> None:
+    stored = 0
+    for i in range(n):
+        if i % 4 == worker or i % 10 == 0:  # disjoint shares plus indices every worker races for
+            stored += bool(c.put(i, sample(i)))
+    for call in (c.preserve, c.preload):  # only the creating process may (pfio raises RuntimeError)
+        try:
+            call("from-a-worker")
+        except RuntimeError:
+            pass
+        else:  # pragma: no cover - reported below
+            stored = -1_000_000
+    out.put(stored)
+    c.close()  # a worker's close leaves the cache to the others
+
+
+def _mp_reader(c: MultiprocessFileCache, worker: int, n: int, out: Any) -> None:
+    ok = all(c.get(i) == sample(i) for i in range(worker, n, 4))
+    out.put(ok and c.preload("again") is False)  # frozen: False, as pfio (before the worker check)
+
+
+def test_multiprocess_file_cache_with_four_forked_workers(cdir: Path) -> None:
+    ctx = mp.get_context("fork")
+    n = 400
+    c = MultiprocessFileCache(n, dir=str(cdir))
+    assert c.multiprocess_safe and c.multithread_safe
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_mp_writer, args=(c, w, n, q)) for w in range(4)]
+    for p in ps:
+        p.start()
+    stored = [q.get(timeout=JOIN) for _ in ps]
+    for p in ps:
+        p.join(JOIN)
+        assert p.exitcode == 0
+    assert sum(stored) == n  # every index stored exactly once, however the races went
+    assert all(c.get(i) == sample(i) for i in range(n))
+    assert c.preserve("mp") is True
+    c.close()
+    # The next run: preload in the main process, then forked readers.
+    d = MultiprocessFileCache(n, dir=str(cdir))
+    assert d.preload("mp") is True
+    ps = [ctx.Process(target=_mp_reader, args=(d, w, n, q)) for w in range(4)]
+    for p in ps:
+        p.start()
+    results = [q.get(timeout=JOIN) for _ in ps]
+    for p in ps:
+        p.join(JOIN)
+    assert results == [True] * 4
+    d.close()
+    assert not [x for x in os.listdir(cdir / STORE_DIR / "tmp") if x.endswith(".icache")]
+
+
+def _spawned_put(c: MultiprocessFileCache, i: int) -> None:
+    c.put(i, pickle.dumps(i))
+
+
+def test_multiprocess_file_cache_pickles_to_a_spawned_worker(cdir: Path) -> None:
+    c = MultiprocessFileCache(4, dir=str(cdir))
+    p = mp.get_context("spawn").Process(target=_spawned_put, args=(c, 3))
+    p.start()
+    p.join(JOIN)
+    assert p.exitcode == 0
+    assert c.get(3) == pickle.dumps(3)
+    c.close()
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    d = tmp_path / "tiny"
+    d.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(d)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.strip()})")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def test_a_full_disk_warns_and_returns_false_as_pfio_does(tiny_fs: Path) -> None:
+    c = FileCache(100, dir=str(tiny_fs))
+    results = []
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for i in range(100):
+            results.append(c.put(i, os.urandom(100_000)))
+    assert False in results and True in results
+    assert any(issubclass(x.category, RuntimeWarning) for x in w)
+    stored = [i for i, ok in enumerate(results) if ok]
+    assert all(c.get(i) is not None for i in stored)
+    c.close()
