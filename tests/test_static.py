@@ -16,6 +16,6 @@ def test_mypy_strict() -> None:
 
 
 def test_ruff() -> None:
-    r = subprocess.run([sys.executable, "-m", "ruff", "check", "casstore", "tests", "benchmarks"], cwd=ROOT,
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "ruff", "check", "casstore", "tests", "benchmarks", "examples"],
+                       cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
