@@ -9,8 +9,8 @@ A torch-free ``DataLoader`` forks ``--workers`` processes per epoch; each takes 
 ``workers``-th batch of a shuffled order and returns the batches in order, as torch's does.
 
 * Epoch 1: every ``dataset[i]`` misses the cache, is decoded and ``put`` -- from 4 processes
-  at once into one ``casstore.IndexCache`` (or, with ``--api pfio``, casstore's drop-in
-  ``casstore.compat.pfio.MultiprocessFileCache`` when this casstore has it).
+  at once into one ``casstore.IndexCache`` (or, with ``--api pfio``, into casstore's drop-in
+  for pfio, ``casstore.compat.pfio.MultiprocessFileCache``).
 * End of epoch 1: ``preserve(name)`` keeps the cache as one object pinned under ``name``
   (no second copy; a crash leaves the name absent or complete).
 * Epoch 2 and later: the preserved cache is opened (pfio's ``preload``) and mapped
@@ -159,10 +159,12 @@ class DataLoader:
 def open_cache(store: casstore.Store, name: str, n: int, api: str) -> Tuple[Any, bool]:
     """The cache for this run: the preserved one if ``name`` exists (True), else a new live one (False)."""
     if api == "pfio":
-        from casstore.compat import pfio  # type: ignore[attr-defined]  # added by issue 13; optional here
+        # pfio's own code, one import line changed. ``dir=D`` works as in pfio (the store is then
+        # D/casstore); ``store=`` keeps this example's one store for both APIs.
+        from casstore.compat.pfio import MultiprocessFileCache
 
-        c = pfio.MultiprocessFileCache(n, dir=str(store.root))
-        return c, bool(c.preload(name))
+        c = MultiprocessFileCache(n, store=store)
+        return c, c.preload(name)
     try:
         return IndexCache.open(store, name), True
     except casstore.ObjectNotFoundError:

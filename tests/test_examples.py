@@ -3,7 +3,8 @@
 examples/modelforge_loader.py: 8 rank processes, one download, one unzip, one processing,
 every rank loading the same result; the warm job does no work at all.
 examples/pfio_loader.py: 4 forked workers fill the cache in epoch 1, preserve, epoch 2 reads the
-preserved cache (nothing decoded); a second run with the same store decodes nothing.
+preserved cache (nothing decoded); a second run with the same store decodes nothing -- with
+IndexCache and with the pfio drop-in (casstore.compat.pfio.MultiprocessFileCache).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List
+
+import pytest
 
 import casstore
 
@@ -48,9 +51,10 @@ def test_modelforge_loader_8_ranks(tmp_path: Path) -> None:
     assert man.meta["derive"]["params"]["per_atom"] == ["geometry", "forces", "partial_charges"]
 
 
-def test_pfio_loader_preserve_preload(tmp_path: Path) -> None:
+@pytest.mark.parametrize("api", ["indexcache", "pfio"])
+def test_pfio_loader_preserve_preload(tmp_path: Path, api: str) -> None:
     store_dir = str(tmp_path / "store")
-    common = ("--samples", "600", "--workers", "4", "--decode-ms", "0", "--store", store_dir)
+    common = ("--samples", "600", "--workers", "4", "--decode-ms", "0", "--store", store_dir, "--api", api)
     e1, e2 = _run("pfio_loader.py", *common, "--epochs", "2", cwd=tmp_path)
     assert (e1["epoch"], e1["samples"], e1["decoded"], e1["preserved"]) == (1, 600, 600, False)
     assert (e2["epoch"], e2["samples"], e2["decoded"], e2["preserved"]) == (2, 600, 0, True)
