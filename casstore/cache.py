@@ -14,21 +14,20 @@ How it is built (the reasons are in docs/index-cache.md):
   It holds ``index`` (a 64-byte header plus one 32-byte slot per index, memory-mapped
   shared by every process; its blocks are reserved when the cache is made, because a
   store into an unallocated page of a shared map dies by SIGBUS on a full disk),
-  ``lock`` (an fcntl lock file) and one append-only ``data.<k>`` file per writing process.
-  A put appends the payload to its own process's data file with no lock, then takes the
-  lock only to check and fill the slot: payload first, slot second, the slot's tag word last.  A crash before the
-  slot is complete leaves no entry (the tag does not match), never a partial record.
-* **Frozen file** (after freeze): ``[64-byte header][payloads in index order][table:
-  32 bytes per index][64-byte footer]``.  The layout is canonical (the same records
-  give the same bytes whatever order or process wrote them), so two identical runs
-  preserve one object.  If one process wrote every record in index order, freeze
-  appends the table to its data file in place; otherwise the records are compacted
-  into a new file.
-* **Checksums**: every record carries one, computed at ``put``: zlib CRC-32 for records
-  up to 64 KiB (cheapest for small records; detects every error burst of up to 32 bits),
-  BLAKE3 truncated to 64 bits above that (faster than CRC-32 per byte).  The table and
-  footer carry CRC-32s; a preserved cache is additionally an object whose whole BLAKE3-256
-  digest is checked on ``open``.  See ``verify=`` for when checks run.
+  ``lock`` (an fcntl lock file) and one data file ``data.0`` that every process appends to.
+  A put checksums the payload with no lock, then takes the lock to check the slot, append
+  the payload at the shared data end, fill the slot (its tag word last) and move the end.
+  A crash before the tag leaves no entry (the tag does not match) and its bytes past the
+  end are overwritten by the next put; never a partial record.
+* **Frozen file** (after freeze): ``[64-byte header][payloads in the order they were put]
+  [table: 32 bytes per index][64-byte footer]``.  Because the data file holds exactly the
+  committed records back to back, freeze appends the table to it and renames it: no copy,
+  whatever order or processes wrote them (records put in index order give the same bytes,
+  so identical in-order runs preserve one object).
+* **Checksums**: every record carries one, computed at ``put``: XXH3-64 (format 2; ~25 GB/s
+  here; format 1 files carry CRC-32 or BLAKE3-64 and are still read).  The table and footer
+  carry CRC-32s; a preserved cache is additionally an object whose whole BLAKE3-256 digest
+  ``verify="full"`` checks on ``open``.  See ``verify=`` for when checks run.
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, TypedDict, Union, cast
 
 import blake3
+from xxhash import xxh3_64_intdigest as _xxh3
 
 from ._faults import fault
 from ._fs import disk_full, process_token
@@ -91,7 +91,7 @@ __all__ = ["IndexCache", "CacheIndexError", "CacheInfo", "FORMAT", "KIND", "ENTR
 
 log = logging.getLogger("casstore.cache")
 
-FORMAT = 1
+FORMAT = 2
 """Version of the frozen-file layout and of the manifest metadata (readers refuse newer)."""
 KIND = "casstore.index-cache"
 """``meta["kind"]`` of a manifest written by :meth:`IndexCache.preserve`."""
@@ -124,11 +124,9 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _SLOT_SIZE = 32
 _PRESENT = 1
-_BLAKE3 = 2
+_BLAKE3 = 2  # format 1: records above 64 KiB (read, never written now)
+_XXH3 = 4  # format 2: every record written (format 1's others carry CRC-32)
 _MISSING_SUM = (1 << 64) - 1  # checksum field of an absent index in a frozen table
-_SMALL = 64 << 10  # records up to this size use CRC-32, larger ones BLAKE3-64
-_FUSE = 1 << 20  # records this large are hashed and written chunk by chunk (one pass over memory)
-_FUSE_CHUNK = 256 << 10
 _M32 = 0xFFFFFFFF
 _M64 = (1 << 64) - 1
 _K = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5, 0xFF51AFD7ED558CCD)
@@ -177,19 +175,10 @@ def _b3_64(buf: Any, n: int) -> int:
     return int.from_bytes(blake3.blake3(buf).digest(length=8), "little")
 
 
-def _write_hashed(fd: int, buf: Any, off: int) -> int:
-    """Write a large record and return its BLAKE3-64 in one pass: each chunk is hashed and
-    written while it is still in the CPU cache (measured ~1.5x faster than hash, then write)."""
-    mv = memoryview(buf)
-    h = blake3.blake3()
-    for k in range(0, len(mv), _FUSE_CHUNK):
-        chunk = mv[k:k + _FUSE_CHUNK]
-        h.update(chunk)
-        _pwrite_all(fd, chunk, off + k)
-    return int.from_bytes(h.digest(length=8), "little")
-
-
 def _sum_ok(buf: Any, s: int, lo: int) -> bool:
+    """Does ``buf`` match checksum ``s`` of the kind that the slot flags ``lo`` name?"""
+    if lo & _XXH3:
+        return bool(_xxh3(buf) == s)
     if lo & _BLAKE3:
         return _b3_64(buf, len(buf)) == s
     return _crc32(buf) == s
@@ -537,12 +526,9 @@ class IndexCache:
         mb = self.max_bytes
         if mb is not None and _U64.unpack_from(mm, _TOTAL_AT)[0] + n > mb:
             return False
-        s = -1
-        if n <= _SMALL:
-            s = _crc32(data)  # outside the lock; large records are hashed as they are written
-            fl = _PRESENT
-        else:
-            fl = _PRESENT | _BLAKE3
+        # XXH3-64 outside the lock: ~25 GB/s here against CRC-32's 9 and BLAKE3's 3-8 (issue 15).
+        s = _xxh3(data)
+        fl = _PRESENT | _XXH3
         p = self._proc
         if p.pid != os.getpid():
             p = self._after_fork()
@@ -562,10 +548,7 @@ class IndexCache:
                 if mb is not None and total + n > mb:
                     return False
                 off = _U64.unpack_from(mm, _END_AT)[0]
-                if s < 0:
-                    s = _write_hashed(p.wfd, data, off)
-                else:
-                    _pwrite_all(p.wfd, data, off)
+                _pwrite_all(p.wfd, data, off)
                 fault("cache.put_after_data")  # dies here: nothing committed, the end is not moved
                 mm[_FLAGS_AT] |= _DIRTY_FLAG
                 _SLOT28.pack_into(mm, base, off, off + n, s, fl)
@@ -1221,10 +1204,11 @@ def _frozen_get_checked(self: IndexCache, i: int) -> Optional[bytes]:
         raise self._index_error(i) from None
     if e:
         b: bytes = self._fmm[self._qo[i]:e]
-        if self._qm[i] & _BLAKE3:
-            if _b3_64(b, len(b)) != self._qs[i]:
+        m = self._qm[i]
+        if m & _XXH3:
+            if _xxh3(b) != self._qs[i]:
                 raise self._corrupt(i)
-        elif _crc32(b) != self._qs[i]:
+        elif not _sum_ok(b, self._qs[i], m):
             raise self._corrupt(i)
         return b
     return self._missing(i)
@@ -1257,10 +1241,11 @@ def _frozen_get_once(self: IndexCache, i: int) -> Optional[bytes]:
         b: bytes = self._fmm[self._qo[i]:e]
         seen = self._seen
         if not seen[i]:
-            if self._qm[i] & _BLAKE3:
-                if _b3_64(b, len(b)) != self._qs[i]:
+            m = self._qm[i]
+            if m & _XXH3:
+                if _xxh3(b) != self._qs[i]:
                     raise self._corrupt(i)
-            elif _crc32(b) != self._qs[i]:
+            elif not _sum_ok(b, self._qs[i], m):
                 raise self._corrupt(i)
             seen[i] = 1
         return b

@@ -288,3 +288,55 @@ def test_verify_once_checks_each_record_on_its_first_read_and_only_then(store: c
     assert [o2.get(i) for i in range(7)] == [recs[i] for i in range(7)]
     o.close()
     o2.close()
+
+
+def _format1_file(recs: Dict[int, bytes], length: int) -> bytes:
+    """A frozen file exactly as casstore's format 1 wrote it: CRC-32 records up to 64 KiB, BLAKE3-64 above."""
+    from casstore.cache import _tag
+
+    data = bytearray()
+    table = bytearray()
+    for i in range(length):
+        b = recs.get(i)
+        if b is None:
+            table += struct.pack("<QQQQ", 0, 0, (1 << 64) - 1, 0)
+            continue
+        off = 64 + len(data)
+        data += b
+        if len(b) <= 64 << 10:
+            s, fl = zlib.crc32(b), 1
+        else:
+            s, fl = int.from_bytes(blake3.blake3(b).digest(length=8), "little"), 3
+        table += struct.pack("<QQQQ", off, off + len(b), s, fl | _tag(i, off, off + len(b), s, fl) << 32)
+    data_end = 64 + len(data)
+    table_off = (data_end + 7) & ~7
+    body = struct.pack("<8sIIQQQQQII", b"CSICFOOT", 1, 32, length, table_off, data_end, len(recs), len(data),
+                       zlib.crc32(bytes(table)), 0)[:-4]
+    return (struct.pack("<8sI52x", b"CSICACHE", 1) + bytes(data) + b"\0" * (table_off - data_end) + bytes(table)
+            + body + struct.pack("<I", zlib.crc32(body)))
+
+
+def test_format_1_caches_preserved_by_earlier_versions_still_open_and_check(store: casstore.Store) -> None:
+    from casstore.cache import ENTRY_KEY, KIND
+    from casstore.manifests.model import Entry, encode_manifest
+
+    recs = {0: payload(0, 10), 2: payload(2, 100_000), 3: b""}
+    blob = _format1_file(recs, 4)
+    d = store.put(blob, compress=False)
+    md = store.put(encode_manifest({ENTRY_KEY: Entry(d, len(blob))}, {"kind": KIND, "length": 4, "format": 1}, None),
+                   compress=False)
+    store.pin("old", md)
+    for mode in ("once", "full", "record", "open"):
+        o = IndexCache.open(store, "old", verify=mode)
+        assert [o.get(i) for i in range(4)] == [recs[0], None, recs[2], b""]
+        assert o.verify() == 3
+        o.close()
+    path = store.path(d)
+    flip(path, 64 + 10 + 5000)  # inside the BLAKE3-64 record
+    o = IndexCache.open(store, "old")
+    assert o.get(0) == recs[0]
+    with pytest.raises(casstore.IntegrityError, match="record 2"):
+        o.get(2)
+    flip(path, 64 + 3)  # and the CRC-32 one
+    with pytest.raises(casstore.IntegrityError, match="record 0"):
+        IndexCache.open(store, "old", verify="record").get(0)
