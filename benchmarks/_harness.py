@@ -131,13 +131,21 @@ class Case:
 Samples = Dict[str, Dict[str, List[float]]]  # case -> phase -> seconds per measured round
 
 
-def interleave(cases: Sequence[Case], reps: int, warmup: int = 1) -> Samples:
+def interleave(cases: Sequence[Case], reps: int, warmup: int = 1, *, usage: Optional[Samples] = None) -> Samples:
     """Run ``warmup + reps`` rounds; each round runs every case once, order rotating.
 
     Round ``r`` runs ``cases[r % n:] + cases[:r % n]``, so with two cases the
     order alternates ref/cas, cas/ref.  GC is collected before and disabled
     during each timed call.  Warm-up rounds are not recorded.
+
+    ``usage``, if given, receives per case and measured round what the call
+    cost this process (``getrusage``, all threads): ``cpu_s`` (user + system
+    CPU seconds), ``minflt`` (page faults) and ``nivcsw`` (times a thread was
+    preempted).  CPU seconds above the wall time mean both cores worked; many
+    preemptions mean other processes took a core meanwhile.
     """
+    import resource
+
     out: Samples = {c.name: {} for c in cases}
     n = len(cases)
     for r in range(warmup + reps):
@@ -147,18 +155,25 @@ def interleave(cases: Sequence[Case], reps: int, warmup: int = 1) -> Samples:
                 case.setup(r)
             gc.collect()
             gc.disable()
+            ru0 = resource.getrusage(resource.RUSAGE_SELF)
             try:
                 t0 = time.perf_counter()
                 phases = case.run(r)
                 dt = time.perf_counter() - t0
             finally:
                 gc.enable()
+            ru1 = resource.getrusage(resource.RUSAGE_SELF)
             if case.teardown is not None:
                 case.teardown(r)
             if r < warmup:
                 continue
             for phase, secs in (phases if phases is not None else {"total": dt}).items():
                 out[case.name].setdefault(phase, []).append(secs)
+            if usage is not None:
+                u = usage.setdefault(case.name, {})
+                u.setdefault("cpu_s", []).append(round(ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime, 4))
+                u.setdefault("minflt", []).append(ru1.ru_minflt - ru0.ru_minflt)
+                u.setdefault("nivcsw", []).append(ru1.ru_nivcsw - ru0.ru_nivcsw)
     return out
 
 

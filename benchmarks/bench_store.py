@@ -32,6 +32,8 @@ from _harness import (
     log,
     median,
     peak_rss_subprocess,
+    pressure,
+    pressure_since,
     rate,
     ratio_row,
     read_limit_s,
@@ -127,16 +129,20 @@ def bench_get(quick: bool) -> List[Row]:
         def drop(_r: int) -> None:
             assert len(box.pop("x")) == size
 
+        psi = pressure()
+        usage: Dict[str, Dict[str, List[float]]] = {}
         res = interleave([Case("ref", ref_get, teardown=drop), Case("cas", cas_get, teardown=drop),
                           pool.case("hash1", size, piece=size), pool.case("hashmt", size, piece=size, threads=0)],
-                         reps)
+                         reps, usage=usage)
+        stalls = pressure_since(psi)  # a busy second core costs the verified get, not read_bytes (README)
         t_ref, t_cas, t_h1, t_hmt = (res[k]["total"] for k in ("ref", "cas", "hash1", "hashmt"))
         lim = read_limit_s(median(t_ref), median(t_h1))
         rows.append(ratio_row(f"get {label} raw, verify=True (ref: Path.read_bytes)", rate(mb, t_cas),
                               rate(mb, t_ref), "MB/s", min_ratio=0.9, limit=mb / lim,
                               details={"casstore": summary(t_cas), "reference": summary(t_ref), "bytes": size,
                                        "blake3_1core": summary(t_h1), "blake3_auto_threads": summary(t_hmt),
-                                       "limit_s": lim}))
+                                       "limit_s": lim, "psi_stall_s": stalls,
+                                       "usage": {k: usage[k] for k in ("ref", "cas")}}))
         rows.append(ratio_row(f"  machine: BLAKE3 of {label} in memory, 1 core (ref: blake3 AUTO threads)",
                               rate(mb, t_h1), rate(mb, t_hmt), "MB/s",
                               details={"blake3_1core": summary(t_h1), "blake3_auto_threads": summary(t_hmt)}))
@@ -166,17 +172,19 @@ def bench_get(quick: bool) -> List[Row]:
         def check(name: str) -> None:
             assert seen.pop(name) == size
 
+        usage = {}
         res = interleave([readinto_case("ref", [path], buf),
                           Case("cas", cas_stream, teardown=lambda _r: check("cas")),
                           Case("noverify", cas_stream_noverify, teardown=lambda _r: check("noverify")),
-                          pool.case("hash1", size, piece=size)], reps)
+                          pool.case("hash1", size, piece=size)], reps, usage=usage)
         t_ref, t_cas, t_nv, t_h1 = (res[k]["total"] for k in ("ref", "cas", "noverify", "hash1"))
         lim = read_limit_s(median(t_ref), median(t_h1))
         ref_mbs = rate(mb, t_ref)
         rows.append(ratio_row(f"open()+readinto 1 MiB, {label}, verify (ref: raw FileIO.readinto)",
                               rate(mb, t_cas), ref_mbs, "MB/s", limit=mb / lim, min_of_limit=0.8,
                               details={"casstore": summary(t_cas), "reference": summary(t_ref), "bytes": size,
-                                       "blake3_1core": summary(t_h1), "limit_s": lim}))
+                                       "blake3_1core": summary(t_h1), "limit_s": lim,
+                                       "usage": {k: usage[k] for k in ("ref", "cas")}}))
         rows.append(ratio_row("  same, verify=False (diagnostic; ref and limit: raw readinto)", rate(mb, t_nv),
                               ref_mbs, "MB/s", limit=ref_mbs,
                               details={"casstore": summary(t_nv), "reference": summary(t_ref)}))

@@ -146,3 +146,15 @@ def test_run_prints_the_table_from_child_processes(bench_copy: Path, tmp_path: P
     assert r.returncode == 1, r.stderr
     assert "fake verified read" in r.stdout and "of limit" in r.stdout and "0.90x" in r.stdout
     assert "broken: FAILED" in r.stdout
+
+
+def test_interleave_rotates_and_reports_usage() -> None:
+    order = []
+    usage: dict = {}
+    res = h.interleave([h.Case("a", lambda r: order.append(("a", r)) and None),
+                        h.Case("b", lambda r: {"x": 0.5} if order.append(("b", r)) is None else None)],
+                       reps=2, usage=usage)
+    assert order == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2)]  # warm-up round 0 not recorded
+    assert len(res["a"]["total"]) == 2 and res["b"] == {"x": [0.5, 0.5]}
+    assert set(usage) == {"a", "b"} and set(usage["a"]) == {"cpu_s", "minflt", "nivcsw"}
+    assert len(usage["b"]["nivcsw"]) == 2
