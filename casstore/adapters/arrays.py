@@ -3,9 +3,11 @@
 An array object is exactly the ``.npy`` file ``np.save`` writes (format 1.0, or
 3.0 for non-latin-1 field names; dtype, shape and C/Fortran order kept), so
 ``np.load(store.path(d))`` works on it too, and its data starts 64-byte
-aligned.  ``get_array(d, mmap=True)`` memory-maps a raw object read-only with
-no copy and **no verification** (hashing would read it all; use
-``get_array(d)``, ``store.path(d, verify=True)`` or ``store.verify()`` for that).
+aligned.  ``get_array(d)`` reads into fresh memory while a helper thread
+hashes what was read, and returns the array only once it matched.
+``get_array(d, mmap=True)`` memory-maps a raw object read-only with no copy and,
+by default, no verification; ``verify=True`` hashes the file first, once per
+process while it is unchanged (later maps cost a lookup).
 
 ``put_arrays({...})`` stores each array as an object and returns the digest of
 a manifest version (not a named head) mapping each name to its array;
@@ -224,27 +226,36 @@ def _parse_header(first: bytes, size: int, d: Digest, intact: Callable[[], bool]
     return _Npy(shape, fortran, dtype, offset)
 
 
-def get_array(store: Store, digest: DigestLike, *, mmap: bool = False, verify: bool = True) -> npt.NDArray[Any]:
-    """Read an array.  ``mmap=True``: a read-only memory map of a raw object, no copy, no verification.
+def get_array(store: Store, digest: DigestLike, *, mmap: bool = False,
+              verify: Optional[bool] = None) -> npt.NDArray[Any]:
+    """Read an array: into fresh memory (verified), or ``mmap=True`` as a read-only memory map.
 
-    Otherwise the array is read into fresh memory and, unless ``verify=False``,
-    the object is re-hashed (on a helper thread while this one reads, for large
-    objects); corrupt data raises :class:`IntegrityError`.  A compressed object
-    with ``mmap=True`` is first materialized raw (once, verified).  A header
-    that does not describe exactly the object's bytes is refused before
-    anything is allocated: :class:`StoreFormatError` if the object is intact
-    (it was stored that way), :class:`IntegrityError` if it was damaged.
-    A missing object (even one evicted while this runs) raises
-    :class:`~casstore.errors.ObjectNotFoundError`.
+    ``verify`` defaults to ``True`` for reads and ``False`` for maps.  A read
+    (``mmap=False``) fills fresh memory while a helper thread hashes what has
+    been read; the array is returned only after the object hashed to its name
+    (:class:`IntegrityError` otherwise, and no array).  ``mmap=True`` maps a raw
+    object with no copy; with ``verify=True`` the file is hashed first, once
+    per process while it is unchanged (device, inode, size, mtime and ctime:
+    later maps cost a lookup), and the descriptor that was hashed is the one
+    mapped.  A map hands out the file's pages as they are *when touched*: only
+    the hash at map time is checked.  A compressed object with ``mmap=True``
+    is first materialized raw (once, verified).  A header that does not
+    describe exactly the object's bytes is refused before anything is
+    allocated: :class:`StoreFormatError` if the object is intact (it was stored
+    that way), :class:`IntegrityError` if it was damaged.  A missing object (even
+    one evicted while this runs) raises :class:`~casstore.errors.ObjectNotFoundError`.
     """
     d = Digest.coerce(digest)
+    if verify is not None and not isinstance(verify, bool):
+        raise InvalidTypeError(f"get_array(verify=) takes True, False or None, not {type(verify).__name__}")
     loc = store.objects.locate(d)
     if mmap:
         path = loc.path if loc.codec.byte_exact else str(store.objects.raw_path(d))
-        return _map(path, d)
+        return _map(store, path, d, bool(verify))
+    check = True if verify is None else verify
     if not loc.codec.byte_exact:
-        return _read_decoded(store, d, verify)
-    return _read_raw(loc.path, d, verify)
+        return _read_decoded(store, d, check)
+    return _read_raw(loc.path, d, check)
 
 
 def _hashes_to(fd: int, size: int, d: Digest) -> Callable[[], bool]:
@@ -252,9 +263,11 @@ def _hashes_to(fd: int, size: int, d: Digest) -> Callable[[], bool]:
     return lambda: hash_fd(fd, size) == d
 
 
-def _map(path: str, d: Digest) -> np.memmap[Any, Any]:
+def _map(store: Store, path: str, d: Digest, verify: bool) -> np.memmap[Any, Any]:
     fd, st = open_object_file(path, d)  # a regular file, not a planted link or FIFO; gone: ObjectNotFoundError
     with open(fd, "rb", buffering=0) as f:  # np.memmap maps its own descriptor: ours closes on return
+        if verify:
+            store.objects.verify_fd(d, fd, st, path)  # this descriptor, memoized per process
         h = _parse_header(os.pread(fd, _PREFIX, 0), st.st_size, d, _hashes_to(fd, st.st_size, d))
         try:
             m: np.memmap[Any, Any] = np.memmap(f, dtype=h.dtype, mode="r", offset=h.offset, shape=h.shape,
@@ -396,7 +409,7 @@ def put_arrays(store: Store, arrays: Mapping[str, npt.NDArray[Any]], *, compress
 
 
 def get_arrays(store: Store, digest: DigestLike, *, mmap: bool = False,
-               verify: bool = True) -> Dict[str, npt.NDArray[Any]]:
+               verify: Optional[bool] = None) -> Dict[str, npt.NDArray[Any]]:
     """Read a bundle written by :func:`put_arrays` as ``{name: array}`` (a digest or the name it is pinned under)."""
     man = read_manifest(store, digest)
     if man.meta.get("kind") != ARRAYS_KIND:

@@ -24,6 +24,7 @@ import io
 import os
 import re
 import stat as stat_mod
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import (
@@ -90,6 +91,23 @@ _OBJ_NAME = re.compile("([0-9a-f]{62})(" + "|".join(re.escape(c.suffix) for c in
 # verify_file's memo: (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) -> hex, oldest first.
 _VERIFIED: Dict[Tuple[int, int, int, int, int], str] = {}
 _VERIFIED_MAX = 4096
+_VERIFIED_LOCK = threading.Lock()
+
+
+def _memo_key(st: os.stat_result) -> Tuple[int, int, int, int, int]:
+    # ctime too: a writer can put mtime back with utime(), but not ctime.
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _memo_hit(key: Tuple[int, int, int, int, int], d: Digest) -> bool:
+    return _VERIFIED.get(key) == d.hex
+
+
+def _memo_add(key: Tuple[int, int, int, int, int], d: Digest) -> None:
+    with _VERIFIED_LOCK:  # bounded: the oldest entry goes first
+        if len(_VERIFIED) >= _VERIFIED_MAX:
+            _VERIFIED.pop(next(iter(_VERIFIED)), None)
+        _VERIFIED[key] = d.hex
 
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -720,25 +738,38 @@ class LocalObjects(ObjectStore):
         loc = self.locate(digest)
         fd, st = open_object_file(loc.path, digest)
         try:
-            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            if _VERIFIED.get(key) == digest.hex:
-                return
             if loc.codec.byte_exact:
-                got = hash_fd(fd, st.st_size)
-                if got != digest:
-                    raise IntegrityError(
-                        f"object {digest} is corrupt: its bytes hash to {got}; file {loc.path}. "
-                        "Run `casstore verify --repair` and put the data again"
-                    )
-            else:
-                with self.open(digest) as f:
-                    while f.read(CHUNK):
-                        pass
-            if len(_VERIFIED) >= _VERIFIED_MAX:
-                _VERIFIED.pop(next(iter(_VERIFIED)))
-            _VERIFIED[key] = digest.hex
+                self.verify_fd(digest, fd, st, loc.path)
+                return
+            key = _memo_key(st)
+            if _memo_hit(key, digest):
+                return
+            with self.open(digest) as f:
+                while f.read(CHUNK):
+                    pass
+            _memo_add(key, digest)
         finally:
             os.close(fd)
+
+    def verify_fd(self, digest: Digest, fd: int, st: os.stat_result, path: str) -> None:
+        """Hash an open *raw* object file (``st``: its ``fstat``) unless this process already did.
+
+        The memo of :meth:`verify_file` is shared: the first call hashes the
+        file (blake3's thread pool over mmap windows), later calls for the same
+        (device, inode, size, mtime_ns, ctime_ns) cost a dict lookup.  Hashing
+        the descriptor the caller goes on to use (e.g. to map it) leaves no
+        window for the path to be swapped in between.  IntegrityError on a mismatch.
+        """
+        key = _memo_key(st)
+        if _memo_hit(key, digest):
+            return
+        got = hash_fd(fd, st.st_size)
+        if got != digest:
+            raise IntegrityError(
+                f"object {digest} is corrupt: its bytes hash to {got}; file {path}. "
+                "Run `casstore verify --repair` and put the data again"
+            )
+        _memo_add(key, digest)
 
     # -- listing --
 

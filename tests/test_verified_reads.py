@@ -1,0 +1,346 @@
+"""Verified reads and writes that overlap hashing with I/O on a helper thread (issue 15).
+
+The contract of every threaded path is the one of its single-threaded
+predecessor: a damaged object raises IntegrityError and hands out nothing
+(get_array) or raises before the final bytes (open + readinto); the helper's
+exceptions reach the caller; helper threads are reused, never piled up; a
+forked child can use them too.  ``get_array(mmap=True, verify=True)`` hashes a
+file once per process while its (device, inode, size, mtime, ctime) hold.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import Any, List
+
+import numpy as np
+import pytest
+from _fetch_helpers import assert_objects_valid, b3
+
+import casstore
+import casstore.objects.local as local_mod
+from casstore._fs import helper_threads, run_beside
+from casstore.digest import Digest, HashBeside
+from casstore.errors import IntegrityError
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> casstore.Store:
+    return casstore.open(tmp_path / "store", durable=False, compress=False)
+
+
+def _flip(path: Path, offset: int) -> None:
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x01]))
+    os.chmod(path, 0o444)
+
+
+def _bounded_threads(before: int) -> None:
+    # The pool parks at most two helpers between calls; nothing else may remain.
+    assert threading.active_count() <= before + 2
+    assert helper_threads() <= 2
+
+
+# -- the helper-thread machinery --------------------------------------------------------------
+
+
+def test_helper_exception_reaches_the_caller_and_threads_are_reused() -> None:
+    before = threading.active_count()
+    for _ in range(50):
+        with pytest.raises(ZeroDivisionError):
+            run_beside(lambda: 1 // 0).join()
+        assert run_beside(lambda: 7).join() == 7
+    _bounded_threads(before)
+
+
+def test_hash_beside_digest_error_and_cancel() -> None:
+    data = os.urandom(3 * MiB + 5)
+    mv = memoryview(data)
+    with HashBeside() as h:
+        for i in range(0, len(data), MiB):
+            h.feed(mv[i:i + MiB])
+        assert h.digest() == Digest.of(data)
+    with HashBeside() as h:  # an exception inside the helper is raised by digest()
+        h.feed(mv[:10])
+        h.feed(12345)  # type: ignore[arg-type]  # not a buffer: blake3 raises on the helper
+        with pytest.raises(TypeError):
+            h.digest()
+    before = threading.active_count()
+    for _ in range(20):  # leaving the block early cancels and waits: nothing keeps running
+        with pytest.raises(KeyError):
+            with HashBeside() as h:
+                h.feed(mv)
+                raise KeyError("caller failed")
+    _bounded_threads(before)
+
+
+def _child_reads(root: str, hexes: List[str], q: Any) -> None:
+    try:
+        s = casstore.open(root, durable=False)
+        arrays = [s.get_array(h) for h in hexes]
+        q.put(("ok", [float(a.sum()) for a in arrays]))
+    except BaseException as e:  # pragma: no cover - reported to the parent
+        q.put(("error", repr(e)))
+
+
+def test_forked_child_uses_helpers(store: casstore.Store) -> None:
+    """The pool's parked threads do not exist after fork: the child must start its own (not hang)."""
+    a = np.arange(2 * MiB, dtype=np.float32)
+    d = store.put_array(a)
+    store.get_array(d)  # the parent now has parked helpers
+    assert helper_threads() >= 1
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_reads, args=(str(store.root), [d.hex], q))
+    p.start()
+    try:
+        status, got = q.get(timeout=60)
+    finally:
+        p.join(10)
+        if p.is_alive():  # pragma: no cover
+            p.kill()
+    assert status == "ok", got
+    assert got == [float(a.sum())]
+
+
+# -- get_array: blocks read into the array, hashed beside ------------------------------------
+
+
+@pytest.mark.parametrize("where", ["first-block", "middle", "last-byte"])
+def test_get_array_pipelined_flipped_byte(store: casstore.Store, where: str) -> None:
+    a = np.random.default_rng(1).random(MiB, dtype=np.float32)  # 4 MiB: the pipelined path
+    d = store.put_array(a)
+    size = store.stat(d).size
+    assert np.array_equal(store.get_array(d), a)
+    offset = {"first-block": 200, "middle": size // 2, "last-byte": size - 1}[where]
+    _flip(store.path(d), offset)
+    before = threading.active_count()
+    got: List[Any] = []
+    for _ in range(5):
+        with pytest.raises(IntegrityError, match=d.hex[:16]):
+            got.append(store.get_array(d))
+    assert got == []  # no array escapes
+    _bounded_threads(before)
+    assert not np.array_equal(store.get_array(d, verify=False), a)  # verify=False reads it as it is
+
+
+@pytest.mark.parametrize("n", [1, 1000, 130_000, 5 * MiB])  # below, at and far above the pipeline's threshold
+def test_get_array_sizes_roundtrip(store: casstore.Store, n: int) -> None:
+    a = np.random.default_rng(n).random(n).astype(np.float32)
+    d = store.put_array(a)
+    b = store.get_array(d)
+    assert b.dtype == a.dtype and np.array_equal(a, b)
+    assert b.flags.writeable and b.flags.owndata
+
+
+def test_get_array_file_grown_during_life(store: casstore.Store) -> None:
+    a = np.ones(MiB, dtype=np.float32)
+    d = store.put_array(a)
+    p = store.path(d)
+    os.chmod(p, 0o644)
+    with open(p, "ab") as f:
+        f.write(b"x")
+    with pytest.raises(IntegrityError):
+        store.get_array(d)
+
+
+# -- put_array / put: write beside the hash ---------------------------------------------------
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_put_array_overlapped_writes_the_named_bytes(tmp_path: Path, durable: bool) -> None:
+    s = casstore.open(tmp_path / "s", durable=durable, compress=False)
+    arrays = [np.random.default_rng(i).random(MiB, dtype=np.float32) for i in range(3)]
+    arrays.append(np.asfortranarray(np.random.default_rng(9).random((700, 900))))  # F order, ~5 MiB
+    ds = [s.put_array(a) for a in arrays]
+    for a, d in zip(arrays, ds, strict=True):
+        b = s.get_array(d)
+        assert np.array_equal(a, b) and b.flags.f_contiguous == a.flags.f_contiguous
+        assert b3(s.path(d).read_bytes()) == str(d)
+    # Re-putting is a dedupe hit: the same digest, one object, no staging file left behind.
+    assert [s.put_array(a) for a in arrays] == ds
+    assert sorted(assert_objects_valid(s)) == sorted(str(d) for d in ds)
+    assert os.listdir(s.root / "tmp") == []
+
+
+def test_put_overlapped_bytes(store: casstore.Store) -> None:
+    data = os.urandom(3 * MiB)
+    d = store.put(data)
+    assert d == Digest.of(data)
+    assert store.get(d) == data
+    assert store.put(bytearray(data)) == d
+    assert store.put_parts([data[:5], memoryview(data)[5:]]) == d
+    assert os.listdir(store.root / "tmp") == []
+
+
+# -- get_array(mmap=True, verify=True): hashed once per file state ----------------------------
+
+
+def _counting_hash_fd(monkeypatch: pytest.MonkeyPatch) -> List[int]:
+    calls: List[int] = []
+    real = local_mod.hash_fd
+
+    def counted(fd: int, size: int, **kw: Any) -> Digest:
+        calls.append(size)
+        return real(fd, size, **kw)
+
+    monkeypatch.setattr(local_mod, "hash_fd", counted)
+    return calls
+
+
+def test_mmap_verify_hashes_once_then_maps(store: casstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = np.random.default_rng(3).random(3 * MiB, dtype=np.float32)
+    d = store.put_array(a)
+    calls = _counting_hash_fd(monkeypatch)
+    m = store.get_array(d, mmap=True, verify=True)
+    assert isinstance(m, np.memmap) and np.array_equal(m, a)
+    assert len(calls) == 1
+    for _ in range(5):
+        store.get_array(d, mmap=True, verify=True)
+    assert len(calls) == 1  # memoized
+    store.get_array(d, mmap=True)  # the default for maps stays unverified
+    assert len(calls) == 1
+
+
+def test_mmap_verify_corrupt_file_raises(store: casstore.Store) -> None:
+    a = np.arange(MiB, dtype=np.float32)
+    d = store.put_array(a)
+    _flip(store.path(d), store.stat(d).size - 3)
+    with pytest.raises(IntegrityError, match=d.hex[:16]):
+        store.get_array(d, mmap=True, verify=True)
+    # Documented default: a map is not verified unless asked (today's behaviour kept).
+    assert isinstance(store.get_array(d, mmap=True), np.memmap)
+
+
+@pytest.mark.parametrize("change", ["in-place", "appended", "replaced-same-mtime"])
+def test_mmap_verify_memo_sees_changes(store: casstore.Store, change: str) -> None:
+    a = np.arange(MiB, dtype=np.float32)
+    d = store.put_array(a)
+    store.get_array(d, mmap=True, verify=True)  # hashed and memoized
+    p = store.path(d)
+    st = os.stat(p)
+    if change == "in-place":  # same inode and size; mtime/ctime move
+        _flip(p, st.st_size // 2)
+    elif change == "appended":
+        os.chmod(p, 0o644)
+        with open(p, "ab") as f:
+            f.write(b"\0")
+    else:  # another inode with the old mtime (ctime cannot be set back)
+        tmp = p.with_name("swap")
+        shutil.copyfile(p, tmp)
+        _flip(tmp, 100)
+        os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.replace(tmp, p)
+    with pytest.raises(IntegrityError):
+        store.get_array(d, mmap=True, verify=True)
+
+
+def test_mmap_verify_memo_is_bounded(store: casstore.Store) -> None:
+    a = np.arange(100, dtype=np.int64)
+    d = store.put_array(a)
+    store.get_array(d, mmap=True, verify=True)
+    assert len(local_mod._VERIFIED) <= local_mod._VERIFIED_MAX
+
+
+# -- open + readinto: the helper hashes the file while the caller reads ------------------------
+
+BIG = 40 * MiB  # above objects.reader.OVERLAP_MIN
+
+
+def _drain(f: Any, returned: List[int], chunk: int = MiB) -> None:
+    buf = bytearray(chunk)
+    while True:
+        k = f.readinto(buf)
+        if not k:
+            return
+        returned.append(k)
+
+
+@pytest.mark.parametrize("where", [0, BIG // 2, BIG - 1])
+def test_readinto_large_flipped_byte_raises_before_the_final_bytes(store: casstore.Store, where: int) -> None:
+    data = os.urandom(BIG)
+    d = store.put(data)
+    with store.open(d) as f:
+        got: List[int] = []
+        _drain(f, got)
+    assert sum(got) == BIG
+    _flip(store.path(d), where)
+    before = threading.active_count()
+    for chunk in (MiB, 3 * MiB + 7):
+        got = []
+        with store.open(d) as f:
+            with pytest.raises(IntegrityError, match=d.hex[:16]):
+                _drain(f, got, chunk)
+        assert sum(got) < BIG  # the final bytes were never handed out
+    with store.open(d) as f:
+        with pytest.raises(IntegrityError, match=d.hex[:16]):
+            f.read()
+    _bounded_threads(before)
+
+
+def test_readinto_large_caller_may_change_its_buffer(store: casstore.Store) -> None:
+    """The helper hashes the file, never the caller's buffer: scribbling on it right away is fine."""
+    data = os.urandom(BIG)
+    d = store.put(data)
+    buf = bytearray(MiB)
+    n = 0
+    with store.open(d) as f:
+        while k := f.readinto(buf):
+            assert buf[:k] == data[n:n + k]
+            buf[:] = b"\xff" * len(buf)
+            n += k
+    assert n == BIG
+
+
+def test_readinto_large_close_early_and_seek_stop_the_helper(store: casstore.Store) -> None:
+    data = os.urandom(BIG)
+    d = store.put(data)
+    _flip(store.path(d), BIG - 10)
+    before = threading.active_count()
+    for _ in range(10):
+        with store.open(d) as f:
+            f.read(MiB)  # the helper started; closing stops and waits for it
+    _bounded_threads(before)
+    with store.open(d) as f:
+        f.read(MiB)
+        f.seek(5 * MiB)  # away from where the hash got: documented, verification off
+        assert len(f.read()) == BIG - 5 * MiB
+    with store.open(d) as f:  # seek to the start first: still verified
+        f.seek(0)
+        with pytest.raises(IntegrityError):
+            f.read()
+
+
+def test_readinto_large_file_shrunk_before_the_helper_maps_it(store: casstore.Store) -> None:
+    """The helper's own error (the file shrank before it mapped it) reaches the caller as IntegrityError.
+
+    (A file truncated *under* a live mapping raises SIGBUS: digest.hash_fd checks
+    the size before each window, which narrows but cannot close that window.)
+    """
+    data = os.urandom(BIG)
+    d = store.put(data)
+    p = store.path(d)
+    with store.open(d) as f:
+        os.chmod(p, 0o644)
+        os.truncate(p, BIG // 4)
+        with pytest.raises(IntegrityError):
+            f.read()
+
+
+def test_get_large_flipped_byte(store: casstore.Store) -> None:
+    data = os.urandom(BIG)
+    d = store.put(data)
+    assert store.get(d) == data
+    _flip(store.path(d), BIG - 1)
+    with pytest.raises(IntegrityError):
+        store.get(d)
