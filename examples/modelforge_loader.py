@@ -141,7 +141,7 @@ def process_file(src: Path, dst: Path) -> None:
     }
     arrays.update({k: np.concatenate(v) for k, v in per_atom.items()})
     arrays.update({k: np.concatenate(v) for k, v in per_conf.items()})
-    np.savez(dst, **arrays)
+    np.savez(dst, **arrays)  # type: ignore[arg-type]  # numpy stubs read ** as allow_pickle
 
 
 def load_npz(path: Path) -> Dict[str, np.ndarray]:
