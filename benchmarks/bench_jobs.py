@@ -143,9 +143,10 @@ def naive_rank(cache_dir: str, url: str) -> Dict[str, Any]:
     return out
 
 
-def _rank_main(fn: Callable[[str, str], Dict[str, Any]], where: str, url: str, go: Any, q: Any,
+def _rank_main(fn: Callable[[str, str], Dict[str, Any]], where: str, url: str, ready: Any, go: Any, q: Any,
                env: Dict[str, str]) -> None:
     os.environ.update(env)
+    ready.put(os.getpid())
     go.wait()
     try:
         rep = fn(where, url)
@@ -166,11 +167,12 @@ def run_ranks(fn: RankFn, where: str, url: str, ranks: int,
     Returns (wall seconds from the release to the last rank's end, the ranks' reports).
     """
     ctx = _fork()
-    go, q = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(fn, where, url, go, q, env or {})) for _ in range(ranks)]
+    ready, go, q = ctx.Queue(), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(fn, where, url, ready, go, q, env or {})) for _ in range(ranks)]
     for p in procs:
         p.start()
-    time.sleep(0.2)  # let every child reach go.wait()
+    for _ in procs:  # every rank is forked and waiting: the clock starts when all are released
+        ready.get(timeout=600)
     t0 = time.perf_counter()
     go.set()
     reps = [q.get(timeout=1800) for _ in procs]
