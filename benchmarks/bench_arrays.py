@@ -303,13 +303,18 @@ def bench_put_array(quick: bool) -> List[Row]:
     def det(cas: str, ref: str, lim: str) -> Dict[str, Any]:
         return {"casstore": summary(t[cas]), "reference": summary(t[ref]), "limit_write": summary(t[lim])}
 
+    def lim(ref: str, write: str) -> float:
+        # The plain write of the same bytes, or the reference if that measured faster (noise): a limit
+        # is never below what a plain tool achieved in the same run.
+        return max(rate(mb, t[ref]), rate(mb, t[write]))
+
     return [
         ratio_row(f"put_array {n} x 4 MiB float32, durable (ref: np.save + fsync file + dir)",
                   rate(mb, t["put_durable"]), rate(mb, t["save_sync"]), "MB/s", min_ratio=0.9,
-                  limit=rate(mb, t["write_sync"]), details=det("put_durable", "save_sync", "write_sync")),
+                  limit=lim("save_sync", "write_sync"), details=det("put_durable", "save_sync", "write_sync")),
         ratio_row(f"put_array {n} x 4 MiB float32, durable=False (ref: np.save)",
                   rate(mb, t["put_scratch"]), rate(mb, t["save"]), "MB/s", min_ratio=0.9,
-                  limit=rate(mb, t["write"]), details=det("put_scratch", "save", "write")),
+                  limit=lim("save", "write"), details=det("put_scratch", "save", "write")),
     ]
 
 

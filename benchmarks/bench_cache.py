@@ -9,7 +9,7 @@ round and reports medians; setup such as building a cache to read is untimed):
 * 100,000 x 1 KiB: put ops/s vs pfio ``FileCache`` (>= 1.0x) and ``MultiprocessFileCache``
   (>= 5x; it fsyncs every put, so it is timed on fewer records); frozen get ops/s vs
   ``FileCache.get`` (>= 3x) and vs ``ReadOnlyFileCache`` after ``preload`` (>= 1.0x), for
-  ``verify="full"`` (the default: every get checks its record's CRC-32) and
+  ``verify="full"`` (the default: every get checks its record's XXH3-64 checksum) and
   ``verify="open"`` (checked once; reads unchecked, like pfio's).  Loops discard results,
   as a training loop consumes each sample.
 * 200 x 4 MiB: put and frozen get MiB/s vs ``FileCache`` (>= 0.8x).
@@ -135,7 +135,7 @@ def bench_small(quick: bool) -> List[Row]:
         c.freeze()
         freeze_s = time.perf_counter() - t0
         c.preserve("bench-small")
-        full = IndexCache.open(store, "bench-small")  # verify="full": whole digest, then CRC-32 per get
+        full = IndexCache.open(store, "bench-small")  # verify="full": whole digest, then a checksum per get
         fast = IndexCache.open(store, "bench-small", verify="open")  # checked once, reads unchecked
         live_c = IndexCache(store, n)
         for i in range(n):
@@ -181,15 +181,15 @@ def bench_small(quick: bool) -> List[Row]:
                              details=_det(r[a]["total"], r[b]["total"]))
 
         rows += [
-            pair("frozen get 1 KiB ops/s, verify=full/CRC-32 per get (ref: pfio FileCache.get)", res, "full", "pfio",
+            pair("frozen get 1 KiB ops/s, verify=full/XXH3 per get (ref: pfio FileCache.get)", res, "full", "pfio",
                  3.0),
-            pair("frozen get 1 KiB ops/s, verify=full/CRC-32 per get (ref: pfio ReadOnlyFileCache)", res_ro, "full",
+            pair("frozen get 1 KiB ops/s, verify=full/XXH3 per get (ref: pfio ReadOnlyFileCache)", res_ro, "full",
                  "rofc", 1.0),
             pair("frozen get 1 KiB ops/s, verify=open/checked once (ref: pfio ReadOnlyFileCache)", res_open, "open",
                  "rofc", 1.0),
             pair("frozen get 1 KiB ops/s, verify=open/checked once (ref: pfio FileCache.get)", res_open_pfio, "open",
                  "pfio", 3.0),
-            pair("  live (unfrozen) get 1 KiB ops/s, CRC-32 (info; ref: pfio FileCache.get)", res, "live", "pfio",
+            pair("  live (unfrozen) get 1 KiB ops/s, XXH3 (info; ref: pfio FileCache.get)", res, "live", "pfio",
                  None),
             Row(f"  freeze of {n:,} x 1 KiB written in index order (in place, no copy)", freeze_s, None, "s"),
             Row("  IndexCache.open, verify=record: seconds (ref: ReadOnlyFileCache.preload)",
@@ -311,8 +311,9 @@ def bench_large(quick: bool) -> List[Row]:
     return [
         ratio_row(f"IndexCache.put 4 MiB x {n} MiB/s (ref: pfio FileCache.put; limit: os.write, one file)",
                   rate(total_mib, put_c), rate(total_mib, put_p), "MiB/s", min_ratio=0.8,
-                  limit=rate(total_mib, put_w), details=_det(put_c, put_p, write=summary(put_w))),
-        ratio_row(f"frozen get 4 MiB x {n} MiB/s, verify=full/BLAKE3-64 per get (ref: pfio FileCache.get)",
+                  limit=max(rate(total_mib, put_w), rate(total_mib, put_p)),  # never below what pfio achieved
+                  details=_det(put_c, put_p, write=summary(put_w))),
+        ratio_row(f"frozen get 4 MiB x {n} MiB/s, verify=full/XXH3 per get (ref: pfio FileCache.get)",
                   rate(total_mib, g["full"]), rate(total_mib, g["pfio"]), "MiB/s", min_ratio=0.8,
                   details=_det(g["full"], g["pfio"])),
         ratio_row(f"frozen get 4 MiB x {n} MiB/s, verify=open/checked once (ref: pfio FileCache.get)",
