@@ -26,6 +26,7 @@ import secrets
 import shutil
 import socket
 import stat as stat_mod
+import sys
 import threading
 import time
 from pathlib import Path
@@ -45,6 +46,7 @@ __all__ = [
     "makedirs",
     "copy_exact",
     "read_up_to",
+    "fresh_bytes",
     "Readable",
     "disk_full",
     "free_bytes",
@@ -239,6 +241,48 @@ def read_up_to(f: Readable, n: int) -> bytes:
         parts.append(more)
         got += len(more)
     return b"".join(parts)
+
+
+def _bytes_filler() -> Optional[Callable[[int], Tuple[bytes, memoryview]]]:
+    """CPython's way to build a ``bytes`` in place, or None where it is not available/safe.
+
+    ``PyBytes_FromStringAndSize(NULL, n)`` returns an uninitialized bytes object
+    that nobody else has seen yet; filling it through a view of its storage is
+    what ``FileIO.read`` does in C.  The storage offset is checked on a probe.
+    """
+    try:
+        fn = ctypes.pythonapi.PyBytes_FromStringAndSize
+        fn.restype = ctypes.py_object
+        fn.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+        off = sys.getsizeof(b"") - 1  # offsetof(PyBytesObject, ob_sval)
+        probe = fn(None, 5)
+        ctypes.memmove(id(probe) + off, b"probe", 5)
+        if probe != b"probe" or type(probe) is not bytes:
+            return None
+    except (AttributeError, TypeError, ValueError, OSError):  # pragma: no cover - not CPython
+        return None
+
+    def fill(n: int) -> Tuple[bytes, memoryview]:
+        b: bytes = fn(None, n)
+        return b, memoryview((ctypes.c_char * n).from_address(id(b) + off)).cast("B")
+
+    return fill
+
+
+_fill = _bytes_filler()
+
+
+def fresh_bytes(n: int) -> Optional[Tuple[bytes, memoryview]]:
+    """A new, uninitialized ``bytes`` of length ``n`` and a writable view of its storage.
+
+    For filling a result in windows (a helper thread hashes each filled window
+    while the next is read) without a second copy.  The caller must fill every
+    byte and let go of the view before anyone else sees the bytes.  None where
+    the interpreter offers no such thing (the caller reads whole instead).
+    """
+    if _fill is None or n <= 0:
+        return None
+    return _fill(n)
 
 
 def _fd_dir(fd: int) -> str:
