@@ -60,6 +60,7 @@ from _harness import (  # noqa: E402
     rmtree,
     run_scenarios,
     summary,
+    time_row,
 )
 
 import casstore  # noqa: E402
@@ -273,20 +274,19 @@ def bench_modelforge(quick: bool) -> List[Row]:
         }
         label = (f"{kind} {RANKS}-rank fetch+gunzip+process+load, {molecules:,} molecules "
                  f"({sizes['gz_bytes'] / MB:.0f} MB gz) s (ref: naive exists-check loader)")
-        rows.append(Row(label, median(cas_s), median(ref_s), "s", ratio, f">= {target:g}x", ratio >= target,
-                        details=details))
+        rows.append(time_row(label, median(cas_s), median(ref_s), "s", min_ratio=target, details=details))
         log(f"{kind}: casstore {median(cas_s):.2f} s, naive {median(ref_s):.2f} s, ratio {ratio:.2f}")
         for name in ("cas", "naive"):
             ph = details["phases_median_s"][name]
             log(f"  {name:5s} " + ", ".join(f"{k.removeprefix(kind + '.')}={v:.2f}" for k, v in ph.items()))
     regen = res["cas"]["regenerate"]
     did = {st: res["cas"][f"regenerate.{st}.ranks_did"] for st in ("gunzip", "process")}
-    rows.append(Row(f"{RANKS}-rank CASSTORE_REGENERATE=1 on the warm store s (ref: naive cold)", median(regen),
-                    median(res["naive"]["cold"]), "s", median(res["naive"]["cold"]) / median(regen),
-                    details={"casstore": summary(regen), "naive_cold": summary(res["naive"]["cold"]),
-                             "ranks_that_ran_fn_per_round": did,
-                             "phases_median_s": {k: round(median(v), 4) for k, v in sorted(res["cas"].items())
-                                                 if k.startswith("regenerate.")}}))
+    rows.append(time_row(f"{RANKS}-rank CASSTORE_REGENERATE=1 on the warm store s (ref: naive cold)", median(regen),
+                         median(res["naive"]["cold"]), "s",
+                         details={"casstore": summary(regen), "naive_cold": summary(res["naive"]["cold"]),
+                                  "ranks_that_ran_fn_per_round": did,
+                                  "phases_median_s": {k: round(median(v), 4) for k, v in sorted(res["cas"].items())
+                                                      if k.startswith("regenerate.")}}))
     log(f"regenerate: {median(regen):.2f} s; ranks that ran fn per round: {did}")
     return rows
 
@@ -474,10 +474,8 @@ def bench_pfio(quick: bool) -> List[Row]:
     det = {"samples": n, "payload_bytes": payload, "workers": WORKERS, "batch": BATCH}
 
     def vs_pfio(label: str, mine: Dict[str, List[float]], phase: str, target: Optional[float]) -> Row:
-        ratio = median(ref[phase]) / median(mine[phase])
-        return Row(label, median(mine[phase]), median(ref[phase]), "s", ratio,
-                   "" if target is None else f">= {target:g}x", None if target is None else ratio >= target,
-                   details={"casstore": summary(mine[phase]), "pfio": summary(ref[phase]), **det})
+        return time_row(label, median(mine[phase]), median(ref[phase]), "s", min_ratio=target,
+                        details={"casstore": summary(mine[phase]), "pfio": summary(ref[phase]), **det})
 
     seq_ratio = median(cas["seqread"]) / median(cas["preserve"])
     rows = [
@@ -489,11 +487,10 @@ def bench_pfio(quick: bool) -> List[Row]:
         Row("preserve s (ref: one sequential read of the cache file)", median(cas["preserve"]),
             median(cas["seqread"]), "s", seq_ratio, ">= 0.67x (<= 1.5x time)", seq_ratio >= 1 / 1.5,
             details={"casstore": summary(cas["preserve"]), "seqread": summary(cas["seqread"]), **det}),
-        Row("preserve after os.sync() s (ref: one sequential read)", median(synced), median(seq2), "s",
-            median(seq2) / median(synced),
-            details={"casstore": summary(synced), "seqread": summary(seq2),
-                     "why": "the same preserve once epoch 1's data is written back: what is left besides fsync",
-                     **det}),
+        time_row("preserve after os.sync() s (ref: one sequential read)", median(synced), median(seq2), "s",
+                 details={"casstore": summary(synced), "seqread": summary(seq2),
+                          "why": "the same preserve once epoch 1's data is written back: what is left besides fsync",
+                          **det}),
         vs_pfio("preserve s (ref: pfio preserve, a hard link, no fsync)", cas, "preserve", None),
         limit_row("preserve: peak extra disk, % of the cache's bytes", 100.0 * extra / payload, "%", max_value=10.0,
                   details={"peak_extra_bytes": extra, "before_bytes": ds.base, "after_bytes": after, **det}),
