@@ -14,7 +14,8 @@ A torch-free ``DataLoader`` forks ``--workers`` processes per epoch; each takes 
 * End of epoch 1: ``preserve(name)`` keeps the cache as one object pinned under ``name``
   (no second copy; a crash leaves the name absent or complete).
 * Epoch 2 and later: the preserved cache is opened (pfio's ``preload``) and mapped
-  read-only by new workers: no decoding, no locks, every record still checksummed.
+  read-only by new workers: no decoding, no locks, each record still checked against its checksum
+  (on its first read in each process, the default ``verify="once"``).
 * A later run with the same ``--store`` finds the name and decodes nothing at all.
 """
 
