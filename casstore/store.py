@@ -336,8 +336,12 @@ class Store:
         return put_array(self, a, compress=compress)
 
     def get_array(self, digest: DigestLike, *, mmap: bool = False,
-                  verify: bool = True) -> npt.NDArray[Any]:
-        """Read an array; ``mmap=True`` memory-maps a raw object read-only, no copy."""
+                  verify: Optional[bool] = None) -> npt.NDArray[Any]:
+        """Read an array (verified); ``mmap=True`` memory-maps a raw object read-only, no copy.
+
+        ``verify`` defaults to True for reads and False for maps; ``mmap=True, verify=True``
+        hashes the file once per process while it is unchanged, then maps it.
+        """
         from .adapters import get_array  # lazy: numpy costs ~130 ms and 13 MiB at import
 
         return get_array(self, digest, mmap=mmap, verify=verify)
@@ -350,7 +354,7 @@ class Store:
         return put_arrays(self, arrays, compress=compress)
 
     def get_arrays(self, digest: DigestLike, *, mmap: bool = False,
-                   verify: bool = True) -> Dict[str, npt.NDArray[Any]]:
+                   verify: Optional[bool] = None) -> Dict[str, npt.NDArray[Any]]:
         """Read a bundle written by :meth:`put_arrays`."""
         from .adapters import get_arrays  # lazy: numpy costs ~130 ms and 13 MiB at import
 
