@@ -244,12 +244,16 @@ class HashBeside:
         return Digest(self._job.join())
 
     def cancel(self) -> None:
-        """Stop hashing (what is queued is skipped) and wait for the helper to be done."""
+        """Stop hashing (what is queued is skipped) and wait for the helper to be done.
+
+        It always waits, even after :meth:`digest` was interrupted (KeyboardInterrupt):
+        the helper may still be reading buffers the caller is about to free.
+        """
+        self._stop = True
         if self._open:
             self._open = False
-            self._stop = True
             self._q.put(None)
-            self._job.wait()
+        self._job.wait()
 
     def __enter__(self) -> HashBeside:
         return self

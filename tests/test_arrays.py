@@ -254,7 +254,7 @@ def test_corrupt_data_raises_integrity_error(store: casstore.Store) -> None:
 
 
 def test_corrupt_large_array_raises_integrity_error(store: casstore.Store) -> None:
-    """Arrays of 16 MiB and more are hashed by a helper thread while they are read: same contract."""
+    """Large arrays are read in blocks hashed by a helper thread as they arrive: same contract."""
     a = np.arange(5 << 20, dtype=np.float32)  # 20 MiB
     d = store.put_array(a)
     same(a, store.get_array(d))
