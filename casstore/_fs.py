@@ -262,11 +262,41 @@ def _bytes_filler() -> Optional[Callable[[int], Tuple[bytes, memoryview]]]:
     except (AttributeError, TypeError, ValueError, OSError):  # pragma: no cover - not CPython
         return None
 
+    madvise = _madvise()
+
     def fill(n: int) -> Tuple[bytes, memoryview]:
         b: bytes = fn(None, n)
-        return b, memoryview((ctypes.c_char * n).from_address(id(b) + off)).cast("B")
+        addr = id(b) + off
+        if madvise is not None and n >= _HUGE_MIN:
+            # Fresh anonymous memory faults in 4 KiB pages (THP is "madvise" on many
+            # hosts): reading 256 MiB into new bytes took 172 ms here, 48 ms with
+            # huge pages.  numpy does the same for arrays of 4 MiB and up.
+            start = (addr + _HUGE - 1) & ~(_HUGE - 1)
+            end = (addr + n) & ~(_HUGE - 1)
+            if end > start:
+                madvise(start, end - start, _MADV_HUGEPAGE)  # advice only: failure is harmless
+        return b, memoryview((ctypes.c_char * n).from_address(addr)).cast("B")
 
     return fill
+
+
+_HUGE = 2 << 20
+_HUGE_MIN = 4 << 20
+_MADV_HUGEPAGE = 14  # linux/mman.h
+
+
+def _madvise() -> Optional[Callable[[int, int, int], int]]:
+    """libc's madvise on raw addresses (Linux), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        fn = libc.madvise
+    except (OSError, AttributeError):  # pragma: no cover
+        return None
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    return fn
 
 
 _fill = _bytes_filler()

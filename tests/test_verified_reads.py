@@ -23,7 +23,7 @@ from _fetch_helpers import assert_objects_valid, b3
 
 import casstore
 import casstore.objects.local as local_mod
-from casstore._fs import helper_threads, run_beside
+from casstore._fs import fresh_bytes, helper_threads, run_beside
 from casstore.digest import Digest, HashBeside
 from casstore.errors import IntegrityError
 
@@ -344,3 +344,18 @@ def test_get_large_flipped_byte(store: casstore.Store) -> None:
     _flip(store.path(d), BIG - 1)
     with pytest.raises(IntegrityError):
         store.get(d)
+
+
+def test_get_large_fills_fresh_bytes(store: casstore.Store) -> None:
+    """get() of a large object builds its bytes in place (windows, huge pages): exact, immutable bytes."""
+    data = os.urandom(BIG + 12345)
+    d = store.put(data)
+    for verify in (True, False):
+        got = store.get(d, verify=verify)
+        assert type(got) is bytes and got == data and hash(got) == hash(data)
+    filled = fresh_bytes(10 * MiB)
+    assert filled is not None
+    b, view = filled
+    view[:] = b"\x07" * len(view)
+    view.release()
+    assert b == b"\x07" * (10 * MiB)

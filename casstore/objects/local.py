@@ -18,6 +18,7 @@ Codec differences are the :mod:`casstore.codecs` strategy's business.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import io
@@ -684,9 +685,9 @@ class LocalObjects(ObjectStore):
                 got = hash_bytes(data) if verify else digest
             else:
                 size = st.st_size
-                filled = fresh_bytes(size) if verify and size >= OVERLAP_MIN else None
+                filled = fresh_bytes(size) if size >= OVERLAP_MIN else None
                 if filled is not None:
-                    data, got = self._read_hashing(fd, size, filled, digest, loc.path)
+                    data, got = self._read_hashing(fd, size, filled, digest, loc.path, verify)
                 else:
                     data = read_up_to(f, size)
                     if len(data) != size:
@@ -701,22 +702,24 @@ class LocalObjects(ObjectStore):
 
     @staticmethod
     def _read_hashing(fd: int, size: int, filled: Tuple[bytes, memoryview], d: Digest,
-                      path: str) -> Tuple[bytes, Digest]:
+                      path: str, verify: bool) -> Tuple[bytes, Digest]:
         """Read a raw object into ``filled`` (fresh bytes) in windows while a helper hashes each filled one.
 
         The hash covers exactly the bytes returned, and nothing but this one
         copy is made: no mapping of the file, no second pass over the page cache.
+        ``verify=False``: the same reads, no hash (``d`` is returned as the digest).
         """
         data, view = filled
-        with view, HashBeside() as hasher:
+        with view, HashBeside() if verify else contextlib.nullcontext() as hasher:
             pos = 0
             while pos < size:
                 k = os.preadv(fd, [view[pos:min(pos + _GET_WINDOW, size)]], pos)
                 if not k:
                     raise IntegrityError(f"object {d} changed size while being read ({path})")
-                hasher.feed(view[pos:pos + k])
+                if hasher is not None:
+                    hasher.feed(view[pos:pos + k])
                 pos += k
-            return data, hasher.digest()
+            return data, hasher.digest() if hasher is not None else d
 
     def path(self, digest: Digest) -> Path:
         """Read-only path of a *raw* object (unverified bytes: see docs/security.md)."""
