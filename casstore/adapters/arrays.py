@@ -73,10 +73,6 @@ _PREFIX = 1 << 16
 _PIPE_MIN = 512 << 10
 _BLOCK_MIN = 256 << 10
 _BLOCK_MAX = 8 << 20
-# From this size the helper hashes with blake3's pool: when hashing is slower
-# than reading (blake3 ~7 GB/s on one core, a page-cache read up to 16 GB/s),
-# only the pool can spread the hash over both cores once the reads are done.
-_PIPE_THREADED_MIN = 2 << 20
 # numpy refuses more dimensions than this (64 in numpy 2, 32 in numpy 1).
 _MAX_DIMS = 64
 # Everything numpy's header parser (ast.literal_eval on untrusted text, then
@@ -301,7 +297,9 @@ def _read_raw(path: str, d: Digest, verify: bool) -> npt.NDArray[Any]:
         n = min(len(view), len(first) - h.offset)
         view[:n] = first[h.offset:h.offset + n]
         if verify and size >= _PIPE_MIN:
-            with HashBeside(threaded=_pipe_threaded(size)) as hasher:
+            # One-thread blake3 on the helper: its pool (max_threads=AUTO) fed 1-2 MiB
+            # blocks measured 20-40% slower here (its own wake-ups per update).
+            with HashBeside() as hasher:
                 hasher.feed(memoryview(first)[:h.offset + n])
                 block = _block_for(len(view))
                 pos = n
@@ -337,11 +335,6 @@ def _block_for(nbytes: int) -> int:
     """Pipeline block size: small enough that the unoverlapped first read and last hash are
     short, large enough that the per-block hand-off (~20 us here) stays a few percent."""
     return max(_BLOCK_MIN, min(_BLOCK_MAX, nbytes // 4))
-
-
-def _pipe_threaded(size: int) -> bool:
-    """blake3's own pool for the helper's hash: it needs large blocks to pay (see digest.py)."""
-    return size >= _PIPE_THREADED_MIN
 
 
 def _pread_exact(fd: int, view: memoryview, off: int, d: Digest) -> None:
