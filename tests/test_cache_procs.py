@@ -104,6 +104,11 @@ def _preserve_and_die(root: str, point: Optional[str], name: str, n: int, size: 
     os._exit(0 if point is None else 3)
 
 
+def _put_big(cache: IndexCache, i: int) -> None:
+    cache.put(i, blake3.blake3(b"big%d" % i).digest(length=2 << 20))
+    os._exit(0)
+
+
 def _freeze_and_die(cache: IndexCache) -> None:
     _kill_self_at("cache.freeze_built")  # the table is appended to data.0, not yet renamed
     cache.freeze()
@@ -425,3 +430,20 @@ def test_sigkill_of_a_worker_freezing_in_place_leaves_a_cache_that_freezes_again
     assert all(c.get(i) == payload(i) for i in range(n)) and c.verify() == n
     c.preserve("after-a-dead-freezer")
     assert IndexCache.open(store, "after-a-dead-freezer", verify="full").count == n
+
+
+def test_big_records_hashed_on_a_helper_thread_work_in_forked_children(store: casstore.Store) -> None:
+    """Records of 1 MiB+ are hashed on a per-process helper thread; a child forked after the
+    parent started its helper must get its own (work queued to the parent's would never run)."""
+    ctx = mp.get_context("fork")
+    c = IndexCache(store, 6)
+    c.put(0, blake3.blake3(b"big0").digest(length=2 << 20))  # the parent's helper thread exists now
+    ps = [ctx.Process(target=_put_big, args=(c, i)) for i in (1, 2, 3)]
+    for p in ps:
+        p.start()
+    _join(ps)
+    assert [p.exitcode for p in ps] == [0, 0, 0]
+    c.put(4, blake3.blake3(b"big4").digest(length=2 << 20))
+    assert all(c.get(i) == blake3.blake3(b"big%d" % i).digest(length=2 << 20) for i in range(5))
+    c.freeze()
+    assert c.verify() == 5
