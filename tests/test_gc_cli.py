@@ -132,3 +132,15 @@ def test_gc_shows_provenance_warnings_and_keeps_inputs(store: casstore.Store,
     rc, out = run(store, capsys, "gc", "--json", "--grace", "0s")
     doc = json.loads(out)
     assert len(doc["warnings"]) == 1 and "nothing extra is kept" in doc["warnings"][0]
+
+
+def test_gc_why_names_the_reason(store: casstore.Store, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = store.put(b"raw input for why")
+    with store.edit("proc") as m:
+        m["out"] = store.put(b"out")
+        m.meta["casstore.inputs"] = {"raw": str(raw)}
+    store.freeze("proc")
+    rc, out = run(store, capsys, "gc", "--grace", "0s", "--why", str(raw)[:20])
+    assert rc == 0 and f"{raw}  kept: input 'raw' of pinned 'proc' (derive provenance)" in out
+    rc, out = run(store, capsys, "gc", "--json", "--grace", "0s", "--why", str(raw))
+    assert json.loads(out)["why"] == {str(raw): "kept: input 'raw' of pinned 'proc' (derive provenance)"}

@@ -23,10 +23,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
         plan = store.plan_limit(args.max_size, keep_history=args.keep_history, grace=args.grace)
     else:
         plan = store.plan_gc(keep_history=args.keep_history, grace=args.grace)
+    asked = [store.resolve(w) for w in args.why]  # before execute: why it stays or goes, as planned
     result = plan.execute(timeout=args.timeout) if args.yes and plan.files else None
     if args.json:
         doc = plan.to_dict(objects=args.verbose)
         doc["dry_run"] = not args.yes
+        if asked:
+            doc["why"] = {str(d): plan.why(d) for d in asked}
         if result is not None:
             doc["result"] = result.to_dict()
         print(json.dumps(doc, indent=2))
@@ -35,6 +38,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
         if args.verbose:
             for d in plan.objects:
                 print(f"  delete {d}  {plan.why(d)}")
+        for d in asked:
+            print(f"{d}  {plan.why(d)}")
         if result is not None:
             print(f"deleted {len(result.deleted)} objects, freed {human_bytes(result.freed_bytes)} "
                   f"in {result.seconds:.1f}s" + (f"; {len(result.skipped)} kept after all (in use again)"
@@ -111,6 +116,8 @@ def register(add: Add) -> None:
                          "(e.g. 50G); exits 1 if pinned and head-referenced data alone exceed it")
     sp.add_argument("--timeout", type=seconds_arg, default=600.0, help="seconds to wait for commits in progress")
     sp.add_argument("-v", "--verbose", action="store_true", help="list every object and why it goes")
+    sp.add_argument("--why", action="append", default=[], metavar="DIGEST",
+                    help="say why this object (digest or unique prefix) stays or goes; repeatable")
     sp.add_argument("--json", action="store_true")
     sp = add("verify", cmd_verify, "re-hash every object and check every reference (exit 1 if damaged)")
     sp.add_argument("--fast", action="store_true", help="sizes and headers only (no hashing)")
