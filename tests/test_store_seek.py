@@ -43,3 +43,31 @@ def test_seek_elsewhere_turns_verification_off(tmp_path: Path) -> None:
         f.seek(10)
         out = f.read()  # documented: no longer a full in-order read, so not verified
     assert len(out) == len(data) - 10
+
+
+def test_read_to_end_is_one_verified_copy(tmp_path: Path) -> None:
+    """open().read() builds its result in place (no chunk list joined into a second copy), verified."""
+    store = casstore.open(tmp_path / "s")
+    for size in (0, 10, 5 << 20, 40 << 20):  # inline hash, and the helper above 16 MiB
+        data = os.urandom(size)
+        d = store.put(data)
+        with store.open(d) as f:
+            assert f.read() == data
+        with store.open(d) as f:
+            f.read(3)
+            assert f.read() == data[3:]
+    big = os.urandom(40 << 20)
+    d = _corrupt(store, big)
+    with store.open(d) as f:
+        with pytest.raises(IntegrityError):
+            f.read()
+    with store.open(d, verify=False) as f:
+        assert len(f.read()) == len(big)
+    d2 = store.put(os.urandom(20 << 20))
+    p2 = store.path(d2)
+    os.chmod(p2, 0o644)
+    with store.open(d2) as f:
+        with open(p2, "ab") as g:  # grows after open: more than recorded, refused when verifying
+            g.write(b"tail")
+        with pytest.raises(IntegrityError, match="longer"):
+            f.read()

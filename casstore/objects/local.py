@@ -12,7 +12,9 @@ Invariants (docs/design.md):
 Everything that touches object files lives here: staging, publishing (one
 object or a batch with one ``syncfs``), the dedupe check that refreshes an
 object for gc's grace period, adopting a finished file by link, the one
-directory scanner and (through :func:`casstore.digest.hash_fd`) the one hasher.
+directory scanner and (through :func:`casstore.digest.hash_fd`) the one file
+hasher; large verified reads and raw puts hash on a helper thread beside the
+I/O (:class:`casstore.digest.HashBeside`).
 Codec differences are the :mod:`casstore.codecs` strategy's business.
 """
 

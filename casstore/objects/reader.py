@@ -19,7 +19,7 @@ import stat
 import threading
 from typing import BinaryIO, Optional, Union
 
-from .._fs import Beside, run_beside
+from .._fs import Beside, fresh_bytes, run_beside
 from ..codecs import Codec
 from ..digest import Digest, hash_fd, new_hasher
 from ..errors import IntegrityError, ObjectNotFoundError
@@ -32,6 +32,8 @@ __all__ = ["open_object_file", "ObjectReader", "OVERLAP_MIN"]
 OVERLAP_MIN = 16 << 20
 # The helper's mmap window: small enough that close() stops it within a few ms.
 _WINDOW = 16 << 20
+# readall() fills its result in steps of this size (each one a verified readinto).
+_READALL_STEP = 8 << 20
 
 _FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
@@ -153,6 +155,32 @@ class ObjectReader(io.RawIOBase):
             if self._seen >= self._size or n == 0:
                 self._check()
         return n
+
+    def readall(self) -> bytes:
+        """The rest of the object in one ``bytes`` (raw objects: built in place, no list of chunks
+        joined into a second copy); verified like any in-order read."""
+        if not self._codec.byte_exact:
+            return super().readall() or b""
+        want = max(0, self._size - self._file.tell())
+        filled = fresh_bytes(want)
+        if filled is None:
+            return super().readall() or b""
+        data, view = filled
+        with view:
+            got = 0
+            while got < want:
+                n = self.readinto(view[got:min(got + _READALL_STEP, want)])
+                if not n:
+                    break
+                got += n
+            # One more read: the end of file (or a file longer than recorded) is
+            # seen here, exactly as a loop of read() calls would see it.
+            tail = self.read(1) if got == want else b""
+        if got == want and not tail:
+            return data
+        # Only without verification (a verifying reader raised above): the file shrank or grew.
+        out = data[:got] + tail
+        return out + (super().readall() or b"") if tail else out
 
     def _check(self) -> None:
         self._checked = True
