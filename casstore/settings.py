@@ -254,6 +254,52 @@ def _bool_env(text: str) -> bool:
     raise _Refused()
 
 
+_MAX_STEPS = 1000  # names in a regenerate / force_download list: a real job names a handful
+_MAX_STEP = 4096  # characters of one name, URL or pattern
+
+
+def _step(item: object, urls: bool) -> str:
+    if not isinstance(item, str) or not item or len(item) > _MAX_STEP or not item.isprintable() \
+            or item != item.strip():
+        raise _Refused("each item must be a non-empty printable string without surrounding spaces")
+    if urls and "://" not in item and not item.startswith("_fetch/"):
+        raise _Refused(f"{show_value(item)} is neither a URL nor a fetch record name (_fetch/...)")
+    return item
+
+
+def _steps(items: List[object], urls: bool) -> Union[bool, Tuple[str, ...]]:
+    if len(items) > _MAX_STEPS:
+        raise _Refused(f"more than {_MAX_STEPS} items")
+    names = tuple(dict.fromkeys(_step(i, urls) for i in items))  # order kept, duplicates dropped
+    return names or False  # an empty list: nothing is forced
+
+
+def _steps_toml(urls: bool) -> Callable[[object], object]:
+    def check(value: object) -> Union[bool, Tuple[str, ...]]:
+        if isinstance(value, bool):
+            return value
+        if not isinstance(value, list):
+            raise _Refused()
+        return _steps(value, urls)
+    return check
+
+
+def _steps_env(urls: bool) -> Callable[[str], object]:
+    def check(text: str) -> Union[bool, Tuple[str, ...]]:
+        v = text.strip()
+        if v.lower() in _TRUE:
+            return True
+        if v.lower() in _FALSE:
+            return False
+        items: List[object] = [i.strip() for i in v.split(",") if i.strip()]
+        for i in items:
+            near = difflib.get_close_matches(str(i).lower(), sorted(_TRUE | _FALSE), n=1, cutoff=0.75)
+            if near:  # "ture", "flase": a misspelt boolean must not become a step name that matches nothing
+                raise _Refused(f"{show_value(i)} looks like a misspelt boolean ({near[0]!r}?)")
+        return _steps(items, urls)
+    return check
+
+
 def _seconds(value: Union[int, float]) -> float:
     if isinstance(value, float) and not math.isfinite(value):  # NaN: a lock wait that never times out
         raise _Refused("not finite")
@@ -361,6 +407,12 @@ _COMPRESSION = Kind("compression", '"raw", "zstd" (or "none"/"off", "auto"/"on")
                     _compression_toml, _compression_env)
 _BYTES = Kind("bytes", f"a whole number of bytes from 1 to {MAX_BYTES_SETTING} (unquoted)",
               f"ASCII digits: a number of bytes from 1 to {MAX_BYTES_SETTING}", _bytes_toml, _bytes_env)
+_STEPS = Kind("steps", "a boolean, or an array of derive names (shell-style patterns: \"qm9/*\")",
+               "1, true, yes, on, 0, false, no, off, or derive names separated by commas",
+               _steps_toml(False), _steps_env(False))
+_URLS = Kind("urls", "a boolean, or an array of URLs or fetch record names (_fetch/...; patterns allowed)",
+             "1, true, yes, on, 0, false, no, off, or URLs / fetch record names separated by commas",
+             _steps_toml(True), _steps_env(True))
 _PATH = Kind("path", "a non-empty directory path string", "a non-empty directory path",
              _store_toml, _store_path, relative_to_file=True)
 
@@ -368,8 +420,8 @@ KNOBS: Mapping[str, Knob] = MappingProxyType({
     "store": Knob("CASSTORE_DIR", _default_store, _PATH),
     "compression": Knob("CASSTORE_COMPRESSION", None, _COMPRESSION),
     "lock_timeout": Knob("CASSTORE_LOCK_TIMEOUT", 600.0, _SECONDS),
-    "force_download": Knob("CASSTORE_FORCE_DOWNLOAD", False, _BOOL),
-    "regenerate": Knob("CASSTORE_REGENERATE", False, _BOOL),
+    "force_download": Knob("CASSTORE_FORCE_DOWNLOAD", False, _URLS),
+    "regenerate": Knob("CASSTORE_REGENERATE", False, _STEPS),
     "durable": Knob("CASSTORE_DURABLE", None, _BOOL),
     "fetch_max_bytes": Knob("CASSTORE_FETCH_MAX_BYTES", 64 << 30, _BYTES),
     "fetch_deadline": Knob("CASSTORE_FETCH_DEADLINE", 24 * 3600.0, _SECONDS),
@@ -384,8 +436,11 @@ class Settings:
     store: str
     compression: Optional[str]
     lock_timeout: float
-    force_download: bool
-    regenerate: bool
+    """Seconds a fetch/derive waiter waits on a holder that shows no sign of life (docs/pipelines.md)."""
+    force_download: Union[bool, Tuple[str, ...]]
+    """Download again, once per job: every URL (True), or the URLs / fetch names (patterns) listed."""
+    regenerate: Union[bool, Tuple[str, ...]]
+    """Run derive steps again, once per job: all (True), or the derive names (patterns) listed."""
     durable: Optional[bool]
     fetch_max_bytes: int
     """Largest download ``fetch`` accepts when the server announces no size and no checksum names one."""

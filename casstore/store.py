@@ -52,6 +52,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 Duration = Union[int, float, str, timedelta]
 DeriveInput = Union[Digest, str, "Manifest"]
 DeriveFn = Callable[[Dict[str, Path], Path], object]
+Scope = Union[bool, List[str], "tuple[str, ...]"]  # force_download / regenerate: all, none, or these names
 
 
 def _load_config(root: Path) -> StoreConfig:
@@ -276,7 +277,11 @@ class Store:
 
     def pin(self, name: str, target: DigestLike, *, force: bool = False,
             timeout: Optional[float] = 600.0, allow_missing: bool = False) -> Digest:
-        """Name a manifest version (digest or another name) with a pin; moving one needs ``force``."""
+        """Name a manifest version (digest or another name) with a pin; moving one needs ``force``.
+
+        GC keeps what the pin names and, through its provenance record, the derive inputs
+        it was made from (transitively); see docs/maintenance.md, "Provenance".
+        """
         return pin_version(self, name, target, force=force, timeout=timeout, allow_missing=allow_missing)
 
     def unpin(self, name: str, *, timeout: Optional[float] = 600.0) -> Digest:
@@ -292,7 +297,7 @@ class Store:
         return self.refs.list("heads")
 
     def diff(self, a: Union[DigestLike, Manifest], b: Union[DigestLike, Manifest]) -> Diff:
-        """Keys added, removed and changed from ``a`` to ``b`` (names, digests or Manifests)."""
+        """Entries, metadata, derive params and inputs changed from ``a`` to ``b`` (names, digests or Manifests)."""
         return diff_versions(self, a, b)
 
     def checkout(self, target: DigestLike, outdir: PathLike, *, overwrite: bool = False) -> List[Path]:
@@ -302,24 +307,25 @@ class Store:
     # -- pipelines: fetch once, derive once (casstore.pipelines) ------------------
 
     def fetch(self, url: str, *, digest: Optional[DigestLike] = None, sha256: Optional[str] = None,
-              md5: Optional[str] = None, force: Optional[bool] = None, timeout: Optional[float] = None,
+              md5: Optional[str] = None, force: Optional[Scope] = None, timeout: Optional[float] = None,
               retries: int = 5, progress: Optional[bool] = None, connect_timeout: float = 30.0,
-              max_bytes: Optional[int] = None, deadline: Optional[float] = None) -> Digest:
+              max_bytes: Optional[int] = None, deadline: Optional[float] = None, refresh: bool = False) -> Digest:
         """Download ``url`` once across processes; see :func:`casstore.pipelines.fetch`.
 
         ``max_bytes`` caps the download (default: the expected size when known, else
         the ``fetch_max_bytes`` setting); ``deadline`` bounds the whole transfer in seconds
-        (``fetch_deadline``), besides the per-read ``connect_timeout``.
+        (``fetch_deadline``), besides the per-read ``connect_timeout``.  ``force`` (True, or
+        URLs / fetch names) downloads again once per job; ``refresh`` revalidates with the server.
         """
         from .pipelines import fetch as fetch_url  # lazy: http.client and ssl at import
 
         return fetch_url(self, url, digest=digest, sha256=sha256, md5=md5, force=force, timeout=timeout,
                          retries=retries, progress=progress, connect_timeout=connect_timeout,
-                         max_bytes=max_bytes, deadline=deadline)
+                         max_bytes=max_bytes, deadline=deadline, refresh=refresh)
 
     def derive(self, name: str, *, inputs: Mapping[str, DeriveInput], fn: DeriveFn,
                params: Optional[Mapping[str, object]] = None, version: object = None,
-               regenerate: Optional[bool] = None, timeout: Optional[float] = None,
+               regenerate: Optional[Scope] = None, timeout: Optional[float] = None,
                compress: CompressArg = None) -> Manifest:
         """Compute ``fn`` once per (name, inputs, params, version); see :func:`casstore.pipelines.derive`."""
         from .pipelines import derive as derive_step  # lazy: http.client and ssl at import

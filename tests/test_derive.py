@@ -129,11 +129,13 @@ def test_changes_recompute(store: casstore.Store, counter: Path, monkeypatch: py
     go(src=b, params={"p": 2.0}, version="v2", regenerate=False)  # an explicit argument beats the setting
     assert len(runs(counter)) == 7
     monkeypatch.delenv("CASSTORE_REGENERATE")
-    # Only the latest result is memoized under a name: going back recomputes.
+    # Every result of a name is memoized, not only the head's: going back reuses the first one
+    # (issue 13) by recording it again as a new version of the head, without running fn.
     assert go().digest != m.digest  # a new version of the head ...
     assert dict(go()) == dict(m)  # ... with the same outputs
-    assert len(runs(counter)) == 8
+    assert len(runs(counter)) == 7
     assert len(store.history("job")) == 8
+    assert store.manifest("job").meta["derive"] == m.meta["derive"]
 
 
 def test_cache_hit_needs_outputs_present(store: casstore.Store, counter: Path) -> None:
@@ -314,7 +316,7 @@ def gunzip_fn(inputs: Dict[str, Path], out: Path) -> None:
 
 def make_build_npz(calls: List[Dict[str, Any]], params: Dict[str, Any]) -> Any:
     def build_npz(inputs: Dict[str, Path], out: Path) -> None:
-        calls.append(dict(inputs))
+        calls.append({**inputs, "h5_ino": os.stat(inputs["h5"]).st_ino})
         with h5py.File(inputs["h5"], "r", locking=False) as f:
             arrays = {k: f[k][...] for k in params["keys"]}
         keep = arrays["energy"] > params["min_energy"]
@@ -353,8 +355,10 @@ def test_fetch_gunzip_build_chain(store: casstore.Store, server: Server, tmp_pat
     assert server.count("/qm9.hdf5.gz") == 1 and len(calls) == 1
     h5m = store.manifest("qm9/unzipped")
     assert store.get(h5m["data.h5"].digest) == h5.read_bytes()
-    # A one-file manifest input is passed as that file's path.
-    assert calls[0]["h5"] == store.path(h5m["data.h5"].digest)
+    # A one-file manifest input is passed as that file, under its own name (a suffix-picking tool works),
+    # and it is the stored object itself (a hard link: no copy).
+    assert calls[0]["h5"].name == "data.h5"
+    assert calls[0]["h5_ino"] == os.stat(store.path(h5m["data.h5"].digest)).st_ino
     with np.load(store.path(npz["processed.npz"].digest)) as z:
         keep = energy > 0.0
         np.testing.assert_array_equal(z["energy"], energy[keep])
@@ -451,8 +455,10 @@ def test_killed_producer_leaves_nothing_named(tmp_path: Path, counter: Path) -> 
     src = str(store.put(data))
     before = set(object_files(root))
     producer, fn = _start_slow_producer(root, "orphan", src, counter, tmp_path / "hold")
-    # Another caller with a short timeout gets a clear LockTimeout naming the derive.
-    with pytest.raises(LockTimeout, match="orphan"):
+    # Another caller with a short timeout waits while the producer beats its heartbeat; once the
+    # producer is stopped it gets a clear LockTimeout naming the derive and the stalled holder.
+    os.kill(producer.pid, signal.SIGSTOP)
+    with pytest.raises(LockTimeout, match=f"orphan.*stalled.*pid {producer.pid}"):
         store.derive("orphan", inputs={"src": src}, fn=fn, timeout=0.2)
     os.kill(producer.pid, signal.SIGKILL)
     producer.join(10)

@@ -90,13 +90,24 @@ def test_fetch_stores_served_bytes_once(store: casstore.Store, server: Server) -
     # The URL -> digest record: a head whose metadata names the URL and records a sha256.
     m = store.manifest(fetch_name(url))
     assert m.meta["url"] == url and m.meta["kind"] == "casstore.fetch"
-    assert m.meta["sha256"] == hashlib.sha256(data).hexdigest()
+    # Hashed once: BLAKE3 (the address) only; no checksum was asked for, so none is computed (issue 13).
+    assert "sha256" not in m.meta and "md5" not in m.meta
     assert m["content"].digest == d and m["content"].size == len(data)
     # Second call (new Store object too): served from the store, no request.
     assert store.fetch(url) == d
     assert casstore.open(store.root).fetch(url) == d
     assert server.count("/data.bin") == 1
     assert tmp_names(store.root) == []
+    # Asking for a checksum later checks the stored bytes (no download) and records it.
+    assert store.fetch(url, sha256=hashlib.sha256(data).hexdigest()) == d
+    assert server.count("/data.bin") == 1
+    assert store.manifest(fetch_name(url)).meta["sha256"] == hashlib.sha256(data).hexdigest()
+    assert store.fetch(url, sha256=hashlib.sha256(data).hexdigest()) == d
+    assert len(store.history(fetch_name(url))) == 2  # the checksum was recorded once
+    # A wrong checksum for the stored bytes is a fresh, checked download (the resource may have changed).
+    with pytest.raises(IntegrityError):
+        store.fetch(url, md5=hashlib.md5(b"other").hexdigest())
+    assert server.count("/data.bin") == 2 and store.manifest(fetch_name(url)).meta.get("md5") is None
 
 
 def test_force_downloads_again(store: casstore.Store, server: Server) -> None:
@@ -263,7 +274,7 @@ def test_persistent_503_gives_backend_error(store: casstore.Store, server: Serve
 def test_dropped_connection_resumes_with_range(store: casstore.Store, server: Server) -> None:
     data = payload(1_000_000)
     url = server.add("/drop.bin", data, drop_first=1, ranges=True)
-    d = store.fetch(url, retries=3)
+    d = store.fetch(url, retries=3, sha256=hashlib.sha256(data).hexdigest())
     assert str(d) == b3(data) and store.get(d) == data
     reqs = server.reqs("/drop.bin")
     assert len(reqs) == 2
@@ -401,10 +412,13 @@ def test_waiter_times_out_with_clear_error(tmp_path: Path, server: Server) -> No
     store = casstore.open(root)
     url, first = _start_slow_download(root, server, "/busy.bin", payload(4_000_000, seed=7))
     try:
+        # A live downloader beats its heartbeat, so a waiter does not time out on it (issue 13);
+        # a stopped one is stalled: the waiter gives up after max(timeout, 3 beats) without a beat.
+        os.kill(first.pid, signal.SIGSTOP)  # type: ignore[attr-defined]
         t0 = time.monotonic()
-        with pytest.raises(LockTimeout, match="busy.bin"):
+        with pytest.raises(LockTimeout, match="busy.bin.*stalled"):
             store.fetch(url, timeout=0.3)
-        assert 0.25 < time.monotonic() - t0 < 5
+        assert 0.25 < time.monotonic() - t0 < 10
         assert server.count("/busy.bin") == 1
     finally:
         os.kill(first.pid, signal.SIGKILL)  # type: ignore[attr-defined]

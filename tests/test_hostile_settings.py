@@ -537,7 +537,9 @@ def check_settings(s: Settings) -> None:
     assert isinstance(s.store, str) and s.store and "\0" not in s.store
     assert s.compression is None or s.compression in ("raw", "zstd") or 1 <= int(s.compression) <= 22
     assert type(s.lock_timeout) is float and 0 <= s.lock_timeout <= MAX_LOCK_TIMEOUT
-    assert type(s.force_download) is bool and type(s.regenerate) is bool
+    for scope in (s.force_download, s.regenerate):  # all/nothing, or the names listed (issue 13)
+        assert type(scope) is bool or (type(scope) is tuple and scope
+                                       and all(type(n) is str and n and n.isprintable() for n in scope))
     assert s.durable is None or type(s.durable) is bool
 
 

@@ -11,17 +11,94 @@ and the ref landing.
 
 from __future__ import annotations
 
+import fnmatch
 import math
-from typing import TYPE_CHECKING, Mapping, Optional
+import os
+import time
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Tuple, Union
 
+from .._fs import process_token
 from .._gclock import commit_lock
+from .._lock import BEAT_EVERY
 from ..errors import FrozenError, InvalidInputError, InvalidTypeError, ObjectNotFoundError
 from ..manifests import Entry, Manifest, ManifestDoc, put_version
 
 if TYPE_CHECKING:
     from ..store import Store
 
-__all__ = ["check_seconds", "check_flag", "check_count", "lock_seconds", "write_head", "refuse_pinned"]
+__all__ = ["check_seconds", "check_flag", "check_count", "lock_seconds", "write_head", "refuse_pinned",
+           "Scope", "check_scope", "in_scope", "process_started", "fresh_for_job", "producer", "HEARTBEAT"]
+
+HEARTBEAT = BEAT_EVERY
+"""Seconds between the heartbeats of a fetch/derive holding its name's lock (``_lock.py``)."""
+
+Scope = Union[bool, Sequence[str]]
+"""``force_download`` / ``regenerate``: everything (True), nothing (False), or the names (patterns) listed."""
+
+
+def check_scope(value: object, what: str) -> Optional[Union[bool, Tuple[str, ...]]]:
+    """``None``, a bool, or a list/tuple of non-empty str names (a bare str is refused: it is not a list)."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    raise InvalidTypeError(
+        f"{what} must be True, False, None or a list of names (e.g. [\"qm9/processed\"]), "
+        f"not {type(value).__name__} {value!r:.60}"
+    )
+
+
+def in_scope(scope: Union[bool, Tuple[str, ...]], *names: str) -> bool:
+    """Does ``scope`` cover any of ``names``?  Items are exact names or shell-style patterns (``qm9/*``)."""
+    if isinstance(scope, bool):
+        return scope
+    return any(n == pat or fnmatch.fnmatchcase(n, pat) for pat in scope for n in names)
+
+
+_started: Tuple[int, float] = (0, 0.0)
+
+
+def process_started() -> float:
+    """When this process started (``time.time()`` scale): the start of its "job".
+
+    From ``/proc/self/stat`` (clock ticks since boot, rounded up to the next
+    tick, so never early: a result recorded just before this process started
+    is never taken for a fresh one) against ``CLOCK_BOOTTIME``; where that is
+    unreadable, when casstore was first asked.
+    """
+    global _started
+    pid = os.getpid()
+    if _started[0] == pid:
+        return _started[1]
+    t = time.time()
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            rest = f.read().rsplit(b")", 1)[1].split()
+        hz = os.sysconf("SC_CLK_TCK")
+        since_start = time.clock_gettime(time.CLOCK_BOOTTIME) - (int(rest[19]) + 1) / hz  # field 22
+        t = min(t, time.time() - max(0.0, since_start))
+    except (OSError, IndexError, ValueError, AttributeError):
+        pass
+    _started = (pid, t)
+    return t
+
+
+def producer() -> str:
+    """Who records a result: this process's token (``pid.start.host``), stored in the record."""
+    return process_token()
+
+
+def fresh_for_job(recorded: object, by: object) -> bool:
+    """Was a result recorded by *another* process after this one started (so: already redone for this job)?
+
+    This is what makes ``force_download`` / ``regenerate`` once per job, not
+    once per process: the ranks of a job that wait while one of them redoes a
+    step take its result.  The same process asking again redoes it (an
+    explicit request in one process is honoured every time).
+    """
+    if isinstance(recorded, bool) or not isinstance(recorded, (int, float)) or not isinstance(by, str):
+        return False  # a record from before this rule, or damaged: not evidence of freshness
+    return by != producer() and recorded >= process_started()
 
 
 def check_seconds(value: object, what: str, *, positive: bool = False) -> float:

@@ -23,15 +23,45 @@ Hazards (issue 11) and the answer to each:
 * **Partial results.**  The work directory is named like a staging file, so
   if this process dies ``sweep_stale`` removes it; outputs become objects and
   then one manifest version (ref moved by rename) only after ``fn`` returns.
+
+At job scale (issue 13):
+
+* **The memo remembers every result of a name**, not only the head's: a miss
+  on the head walks the head's history (at most :data:`MEMO_DEPTH` versions,
+  as far as gc kept them) for a version with the same key, the same code
+  fingerprint and all its outputs present, and reuses it by recording a new
+  head version with its entries (params A -> B -> A runs ``fn`` twice).
+* **A changed ``fn`` is detected** by a fingerprint of its code
+  (:func:`code_fingerprint`: bytecode, constants and names, nested code
+  objects included; not the source text, so comments and line moves do not
+  count) kept in ``meta["derive"]["code"]``.  A stored result whose
+  fingerprint differs (same Python version) is not a hit: ``fn`` runs again
+  and a warning says to bump ``version``.  Bytecode differs between Python
+  versions, so a record from another Python version is trusted.
+* **regenerate means once per job**: with ``regenerate`` in effect a result
+  recorded by *another* process after this one started is taken as the
+  regenerated one (:func:`~casstore.pipelines.common.fresh_for_job`).
+* **Outputs are moved, not copied**: the work directory is under the store's
+  ``tmp/``, so each output file is hashed once and renamed into ``objects/``
+  (``LocalObjects.adopt``); only a compressed store copies (it must encode).
+* **Inputs keep their names**: an input is a hard link named after it in
+  ``in/`` (an object input: ``in/<input name>``; a manifest input:
+  ``in/<input name>/<its keys>``), so tools that choose a format by suffix work.
+* **Provenance**: every version records ``meta["casstore.inputs"]``
+  (docs/pipelines.md, "Provenance metadata"), read by gc and diff.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
+import logging
 import os
 import shutil
 import stat
+import sys
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, Mapping, Optional, Tuple, Union
@@ -42,15 +72,40 @@ from .._faults import fault
 from .._fs import process_token
 from ..codecs import CompressArg
 from ..digest import Digest, new_hasher
-from ..errors import InvalidInputError, InvalidTypeError, ObjectNotFoundError, StoreFormatError
+from ..errors import (
+    IntegrityError,
+    InvalidInputError,
+    InvalidTypeError,
+    ObjectNotFoundError,
+    StoreFormatError,
+)
 from ..manifests import Entry, Manifest, canonical_meta, load_manifest, validate_key
 from ..refs import validate_name
-from .common import check_flag, lock_seconds, refuse_pinned, write_head
+from .common import (
+    HEARTBEAT,
+    Scope,
+    check_scope,
+    fresh_for_job,
+    in_scope,
+    lock_seconds,
+    producer,
+    refuse_pinned,
+    write_head,
+)
 
 if TYPE_CHECKING:
     from ..store import Store
 
-__all__ = ["derive", "derive_key", "DeriveFn", "DeriveInput", "InputKey"]
+__all__ = ["derive", "derive_key", "code_fingerprint", "DeriveFn", "DeriveInput", "InputKey", "MEMO_DEPTH",
+           "INPUTS_META"]
+
+log = logging.getLogger("casstore.derive")
+
+MEMO_DEPTH = 1000
+"""Versions of a name's history searched for an earlier result with the same key (newest first)."""
+
+INPUTS_META = "casstore.inputs"
+"""Metadata key of the provenance record (docs/pipelines.md, "Provenance metadata")."""
 
 DeriveFn = Callable[[Dict[str, Path], Path], object]
 """``fn(inputs, out)``: ``inputs`` maps input names to read-only paths; write outputs under ``out``."""
@@ -88,25 +143,99 @@ def derive_key(name: str, inputs: Mapping[str, InputKey], params: Mapping[str, o
     return str(h.hexdigest())
 
 
+def _code_of(fn: object) -> Optional[types.CodeType]:
+    """The code object that runs for ``fn``: a function, a bound method, a partial, or an object's __call__."""
+    for _ in range(16):  # partials of partials; bounded (a hostile object could be its own .func)
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif isinstance(fn, types.MethodType):
+            fn = fn.__func__
+        else:
+            break
+    code = getattr(fn, "__code__", None)
+    if isinstance(code, types.CodeType):
+        return code
+    call = next((k.__dict__["__call__"] for k in type(fn).__mro__ if "__call__" in k.__dict__), None)
+    code = getattr(call, "__code__", None)
+    return code if isinstance(code, types.CodeType) else None
+
+
+def _const(c: object) -> object:
+    if isinstance(c, types.CodeType):
+        return _code_doc(c)
+    if isinstance(c, (tuple, list)):
+        return [type(c).__name__, [_const(x) for x in c]]
+    if isinstance(c, frozenset):  # iteration order follows string hashing, which is randomized per process
+        return ["frozenset", sorted(repr(_const(x)) for x in c)]
+    return [type(c).__name__, repr(c)]
+
+
+def _code_doc(code: types.CodeType) -> object:
+    return ["code", code.co_code, list(code.co_names), [_const(c) for c in code.co_consts]]
+
+
+@functools.lru_cache(maxsize=256)
+def _fingerprint_of(code: types.CodeType) -> str:
+    h = new_hasher()
+    h.update(msgpack.packb(_code_doc(code), use_bin_type=True))
+    return str(h.hexdigest())
+
+
+def code_fingerprint(fn: object) -> Optional[Dict[str, str]]:
+    """``{"python": "3.11", "blake3": hex}`` of ``fn``'s code, or ``None`` when it has no Python code.
+
+    Hashes the bytecode (``co_code``), the names it uses (``co_names``) and its
+    constants, recursively through nested code objects (inner functions,
+    lambdas, comprehensions); not the source text, so a comment or a moved line
+    changes nothing, while a changed expression, constant or docstring does.
+    Functions it *calls* are not included (only their names).  Bytecode is
+    specific to a Python version, which is recorded with it.
+    """
+    code = _code_of(fn)
+    if code is None:
+        return None
+    return {"python": f"{sys.version_info[0]}.{sys.version_info[1]}", "blake3": _fingerprint_of(code)}
+
+
+def _code_matches(rec: Mapping[str, object], code: Optional[Dict[str, str]]) -> bool:
+    """Does a stored record's fingerprint allow reuse with ``code``?  Unknown either side: yes."""
+    stored = rec.get("code")
+    if code is None or not isinstance(stored, Mapping) or stored.get("python") != code["python"]:
+        return True  # no fingerprint then or now, or another Python's bytecode: nothing to compare
+    return stored.get("blake3") == code["blake3"]
+
+
 def derive(store: Store, name: str, *, inputs: Mapping[str, DeriveInput], fn: DeriveFn,
            params: Optional[Mapping[str, object]] = None, version: object = None,
-           regenerate: Optional[bool] = None, timeout: Optional[float] = None,
+           regenerate: Optional[Scope] = None, timeout: Optional[float] = None,
            compress: CompressArg = None) -> Manifest:
     """Run ``fn(inputs, out)`` once for this (name, inputs, params, version); return its outputs.
 
     ``inputs`` maps names to object digests or Manifests (earlier results);
-    ``fn`` receives read-only paths (a Manifest with one file is passed as that
-    file's path, with several as a directory of them) and an empty output
-    directory; every regular file it writes there becomes an output.  The
-    result is the head ``name``: a Manifest of relative path -> Entry whose
-    ``meta["derive"]`` records the key, inputs, params, version, start time and
-    duration.  Same key -> the stored result, no work; ``regenerate=True``
-    forces a rerun.  Concurrent callers with the same name wait (logging every
-    ~10 s, at most ``timeout`` seconds, default the setting ``lock_timeout``)
-    and then get the same result; if the producer dies, a waiter runs ``fn``
-    instead.  ``fn`` runs holding the name's lock: it must not edit ``name``
-    itself.  A manifest input whose keys are not safe relative paths is a
-    :class:`StoreFormatError` before anything is created.
+    ``fn`` receives read-only paths named after its inputs (an object input is
+    ``in/<input name>``; a Manifest with one file is that file, under its key's
+    name; with several, a directory of them) and an empty output directory;
+    every regular file it writes there becomes an output (moved into the
+    store, not copied: ``fn`` must have finished writing when it returns).
+    The result is the head ``name``: a Manifest of relative path -> Entry whose
+    ``meta["derive"]`` records the key, inputs, params, version, times, who
+    made it and ``fn``'s code fingerprint, and whose
+    ``meta["casstore.inputs"]`` records the input digests (provenance).
+
+    Same key (and unchanged code) -> the stored result, no work, also for an
+    older result in the name's history.  A changed ``fn`` (its code
+    fingerprint differs and ``version`` was not bumped) runs again, with a
+    warning.  ``regenerate=True`` -- or a list of names/patterns that matches
+    ``name``; default the setting ``regenerate`` -- runs ``fn`` again *once
+    per job*: a result another process recorded after this one started is
+    taken as the regenerated one.  Concurrent callers with the same name wait
+    (logging every ~10 s) while the producer works and beats its heartbeat;
+    ``timeout`` (default the setting ``lock_timeout``) applies only once the
+    producer shows no sign of life for that long (stalled or dead), and the
+    :class:`LockTimeout` says which.  If the producer dies, a waiter runs
+    ``fn`` instead.  ``fn`` runs holding the name's lock: it must not edit
+    ``name`` itself.  A manifest input whose keys are not safe relative paths
+    is a :class:`StoreFormatError` before anything is created.
     """
     from ..settings import current
 
@@ -116,46 +245,102 @@ def derive(store: Store, name: str, *, inputs: Mapping[str, DeriveInput], fn: De
     params = {} if params is None else params
     if not isinstance(params, Mapping) or not isinstance(inputs, Mapping):
         raise InvalidTypeError("derive inputs and params must be mappings")
-    regenerate = check_flag(regenerate, "regenerate")
+    scope = check_scope(regenerate, "regenerate")
     # Input names become paths under the work dir (a several-file Manifest is a directory named
     # after its input): they must be normalized relative paths, never '..' or absolute.
     keyed = {validate_key(k, "derive input name"): _input_key(v, k) for k, v in inputs.items()}
+    _check_input_names(keyed)
     key = derive_key(name, keyed, params, version)
     cfg = current()
-    regenerate = cfg.regenerate if regenerate is None else regenerate
+    force = in_scope(cfg.regenerate if scope is None else scope, name)
+    code = code_fingerprint(fn)
     lock_timeout = lock_seconds(timeout, cfg.lock_timeout, "timeout")
-    if not regenerate:
-        hit = _derive_hit(store, name, key)
+    hit, _head = _lookup(store, name, key, code, force=force, history=False)
+    if hit is not None:
+        return hit
+    with store.refs.lock(name, timeout=lock_timeout, what=f"derive {name!r} (key {key[:12]})", heartbeat=HEARTBEAT):
+        hit, head = _lookup(store, name, key, code, force=force, history=not force)
         if hit is not None:
-            return hit
-    with store.refs.lock(name, timeout=lock_timeout, what=f"derive {name!r} (key {key[:12]})"):
-        if not regenerate:
-            hit = _derive_hit(store, name, key)
-            if hit is not None:
+            if head is None or hit.digest == head.digest or hit.frozen:
                 return hit
+            return _reuse(store, name, hit, head, lock_timeout)
         refuse_pinned(store, name, f"derive {name!r}")
-        return _run_derive(store, name, key, keyed, params, version, fn, compress, lock_timeout)
+        return _run_derive(store, name, key, keyed, params, version, fn, code, compress, lock_timeout)
 
 
-def _derive_hit(store: Store, name: str, key: str) -> Optional[Manifest]:
-    if store.refs.get("heads", name) is None and store.refs.get("pins", name) is None:
-        return None
-    try:
-        man = store.manifest(name)
-    except ObjectNotFoundError:  # removed meanwhile
-        return None
+def _check_input_names(keyed: Mapping[str, InputKey]) -> None:
+    """No input name may be a directory of another (``a`` and ``a/b``): both are laid out under ``in/``."""
+    for b in keyed:
+        segs = b.split("/")
+        for i in range(1, len(segs)):
+            a = "/".join(segs[:i])
+            if a in keyed:
+                raise InvalidInputError(f"derive input names {a!r} and {b!r} collide: {a!r} would be both a "
+                                        "file and a directory; rename one")
+
+
+def _usable(store: Store, man: Manifest, key: str, code: Optional[Dict[str, str]], *, force: bool) -> bool:
     rec = man.meta.get("derive")
-    if isinstance(rec, Mapping) and rec.get("key") == key and all(store.objects.has(e.digest) for e in man.values()):
-        return man
-    return None
+    if not isinstance(rec, Mapping) or rec.get("key") != key:
+        return False
+    if force and not fresh_for_job(rec.get("recorded"), rec.get("by")):
+        return False
+    if not _code_matches(rec, code):
+        log.warning("derive %r: fn %s changed since the stored result %s was made (its code fingerprint "
+                    "differs) but version= was not bumped; running it again -- bump version= when fn changes",
+                    man.name, rec.get("fn", "?"), man.digest)
+        return False
+    return all(store.objects.has(e.digest) for e in man.values())
+
+
+def _lookup(store: Store, name: str, key: str, code: Optional[Dict[str, str]], *, force: bool,
+            history: bool) -> Tuple[Optional[Manifest], Optional[Manifest]]:
+    """(a usable stored result, the current head).  ``history``: also search the head's older versions."""
+    pin = store.refs.get("pins", name)
+    if pin is not None:
+        try:
+            man = Manifest(pin, load_manifest(store.objects, pin), name=name, frozen=True)
+        except ObjectNotFoundError:  # a pin whose version is gone: refuse_pinned says what to do
+            return None, None
+        return (man if _usable(store, man, key, code, force=force) else None), None
+    d = store.refs.get("heads", name)
+    head: Optional[Manifest] = None
+    seen: set[Digest] = set()
+    while d is not None and d not in seen and len(seen) < (MEMO_DEPTH if history else 1):
+        seen.add(d)
+        try:
+            man = Manifest(d, load_manifest(store.objects, d), name=name)
+        except (ObjectNotFoundError, IntegrityError, StoreFormatError):
+            break  # removed meanwhile, or older versions collected (or damaged): the memo ends here
+        if head is None:
+            head = man
+        if _usable(store, man, key, code, force=force):
+            return man, head
+        d = man.parent
+    return None, head
+
+
+def _reuse(store: Store, name: str, old: Manifest, head: Manifest, timeout: Optional[float]) -> Manifest:
+    """Record an earlier result again as the head (its entries, its derive record and provenance)."""
+    meta = dict(head.meta)
+    for k in ("derive", INPUTS_META):
+        if k in old.meta:
+            meta[k] = old.meta[k]
+        else:
+            meta.pop(k, None)
+    meta["derive.reused"] = {"from": str(old.digest), "at": time.time()}
+    log.info("derive %r: reusing the earlier result %s (same key)", name, old.digest)
+    return write_head(store, name, dict(old), meta, timeout=timeout)
 
 
 @dataclass(frozen=True, slots=True)
 class _Planned:
-    """How one input reaches ``fn``: an existing path, or a directory of ``files`` to lay out."""
+    """How one input reaches ``fn``: a file to link as ``in/<name>/<leaf>`` (or ``in/<name>``), or a tree."""
 
-    path: Optional[Path]
-    files: Tuple[Tuple[Tuple[str, ...], Path], ...] = ()
+    files: Tuple[Tuple[Tuple[str, ...], Path], ...]
+    """(path segments under ``in/<name>``, object file) -- ``()`` segments: the input itself is the file."""
+    single: bool
+    """``fn`` gets the one file's path, not the directory."""
 
 
 def _plan(store: Store, keyed: Mapping[str, InputKey]) -> Dict[str, _Planned]:
@@ -163,21 +348,24 @@ def _plan(store: Store, keyed: Mapping[str, InputKey]) -> Dict[str, _Planned]:
     plan: Dict[str, _Planned] = {}
     for k, (kind, d) in keyed.items():
         if kind == "object":
-            plan[k] = _Planned(store.objects.raw_path(d))
+            plan[k] = _Planned((((), store.objects.raw_path(d)),), True)
             continue
         # Re-read by digest through THE decoder, which validates every key (StoreFormatError): the
         # caller's Manifest object is no evidence of what the digest holds, and the memo key names the digest.
         entries = load_manifest(store.objects, d).entries
-        if len(entries) == 1:
-            plan[k] = _Planned(store.objects.raw_path(next(iter(entries.values())).digest))
-            continue
         files = tuple((tuple(rel.split("/")), store.objects.raw_path(e.digest)) for rel, e in entries.items())
-        plan[k] = _Planned(None, files)
+        plan[k] = _Planned(files, len(entries) == 1)
     return plan
 
 
+def _provenance(keyed: Mapping[str, InputKey]) -> Dict[str, object]:
+    """``meta["casstore.inputs"]``: input name -> "blake3:<hex>" (object) or {"manifest": "blake3:<hex>"}."""
+    return {k: str(d) if kind == "object" else {"manifest": str(d)} for k, (kind, d) in sorted(keyed.items())}
+
+
 def _run_derive(store: Store, name: str, key: str, keyed: Mapping[str, InputKey], params: Mapping[str, object],
-                version: object, fn: DeriveFn, compress: CompressArg, timeout: Optional[float]) -> Manifest:
+                version: object, fn: DeriveFn, code: Optional[Dict[str, str]], compress: CompressArg,
+                timeout: Optional[float]) -> Manifest:
     plan = _plan(store, keyed)
     # Named like a staging file: if this process dies, sweep_stale() removes it; nothing in it is ever named.
     work = store.objects.tmp / f"{process_token()}.{os.urandom(8).hex()}.derive"
@@ -190,8 +378,7 @@ def _run_derive(store: Store, name: str, key: str, keyed: Mapping[str, InputKey]
             fault("derive.materialize")  # tests plant links in the work directory here
             in_fd = _open_dir(wfd, "in", work)
             try:
-                paths = {k: p.path if p.path is not None else _lay_out(in_fd, work / "in", k, p.files)
-                         for k, p in plan.items()}
+                paths = {k: _lay_out(in_fd, work / "in", k, p) for k, p in plan.items()}
             finally:
                 os.close(in_fd)
         finally:
@@ -202,7 +389,7 @@ def _run_derive(store: Store, name: str, key: str, keyed: Mapping[str, InputKey]
         fn(dict(paths), out_dir)
         seconds = time.monotonic() - t0
         outputs = _collect(store, name, out_dir, compress)
-        record = {
+        record: Dict[str, object] = {
             "key": key,
             "inputs": {k: str(d) for k, (_kind, d) in keyed.items()},
             "params": canonical_meta(dict(params), "params"),
@@ -210,9 +397,15 @@ def _run_derive(store: Store, name: str, key: str, keyed: Mapping[str, InputKey]
             "started": started,
             "seconds": round(seconds, 6),
             "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}",
+            "by": producer(),
         }
+        if code is not None:
+            record["code"] = code
         meta = _previous_meta(store, name)
+        meta.pop("derive.reused", None)
+        meta[INPUTS_META] = _provenance(keyed)
         meta["derive"] = record
+        record["recorded"] = time.time()  # after the outputs are stored: "fresh for this job" compares it
         return write_head(store, name, outputs, meta, timeout=timeout)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -261,18 +454,28 @@ def _make_dirs(fd: int, segs: Tuple[str, ...], where: Path) -> int:
         raise
 
 
-def _lay_out(in_fd: int, in_dir: Path, key: str, files: Tuple[Tuple[Tuple[str, ...], Path], ...]) -> Path:
-    """A directory ``in/<key>`` of links to the (read-only) raw objects of a several-file manifest."""
-    base_fd = _make_dirs(in_fd, tuple(key.split("/")), in_dir)  # exists even for an empty manifest
+def _lay_out(in_fd: int, in_dir: Path, key: str, planned: _Planned) -> Path:
+    """Hard links to the (read-only) raw objects of one input under ``in/<key>``; the path ``fn`` gets."""
+    segs = tuple(key.split("/"))
+    if planned.files and not planned.files[0][0]:  # an object: the input itself is the file in/<key>
+        dfd = _make_dirs(in_fd, segs[:-1], in_dir)
+        try:
+            _link(planned.files[0][1], segs[-1], dfd, in_dir / key)
+        finally:
+            os.close(dfd)
+        return in_dir / key
+    base_fd = _make_dirs(in_fd, segs, in_dir)  # exists even for an empty manifest
     try:
-        for segs, src in files:
-            dfd = _make_dirs(base_fd, segs[:-1], in_dir / key)
+        for fsegs, src in planned.files:
+            dfd = _make_dirs(base_fd, fsegs[:-1], in_dir / key)
             try:
-                _link(src, segs[-1], dfd, in_dir / key / "/".join(segs))
+                _link(src, fsegs[-1], dfd, in_dir / key / "/".join(fsegs))
             finally:
                 os.close(dfd)
     finally:
         os.close(base_fd)
+    if planned.single:
+        return in_dir / key / "/".join(planned.files[0][0])
     return in_dir / key
 
 
@@ -304,6 +507,7 @@ def _link(src: Path, leaf: str, dir_fd: int, shown: Path) -> None:
 def _collect(store: Store, name: str, out_dir: Path, compress: CompressArg) -> Dict[str, Entry]:
     """Every regular file under ``out_dir`` stored as an object: relative path -> Entry."""
     outputs: Dict[str, Entry] = {}
+    raw = store.objects.level_for(compress) is None
     for dirpath, dirs, files in os.walk(out_dir):
         for f in sorted(dirs) + sorted(files):
             p = Path(dirpath) / f
@@ -317,6 +521,12 @@ def _collect(store: Store, name: str, out_dir: Path, compress: CompressArg) -> D
                     "write real files under the output directory"
                 )
             key = validate_key(rel, "output path")
-            d = store.objects.put_path(p, compress=compress)
-            outputs[key] = Entry(d, store.objects.stat(d).size, {})
+            if raw:
+                # Moved, not copied: the work directory is in the store's tmp/, so a rename (one hash,
+                # one fsync) makes the object.  fn is done with the file (it returned).
+                d = store.objects.adopt(p)
+                outputs[key] = Entry(d, st.st_size, {})
+            else:  # a compressed store encodes: that is a copy whatever we do
+                d = store.objects.put_path(p, compress=compress)
+                outputs[key] = Entry(d, store.objects.stat(d).size, {})
     return outputs

@@ -30,7 +30,8 @@ import http.client
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Dict, Optional, Tuple, Union
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, Mapping, Optional, Tuple, Union
 
 from .._progress import Progress
 from ..codecs import RAW
@@ -46,7 +47,20 @@ from ..errors import (
 )
 from ..manifests import Entry
 from ..settings import current
-from .common import check_count, check_flag, check_seconds, lock_seconds, refuse_pinned, write_head
+from .common import (
+    HEARTBEAT,
+    Scope,
+    check_count,
+    check_flag,
+    check_scope,
+    check_seconds,
+    fresh_for_job,
+    in_scope,
+    lock_seconds,
+    producer,
+    refuse_pinned,
+    write_head,
+)
 from .http import Response, Source, get, open_file, parse_content_range, parse_source
 
 if TYPE_CHECKING:
@@ -89,17 +103,31 @@ def _expected(digest: object, sha256: object, md5: object) -> Tuple[Optional[Dig
 
 
 def fetch(store: Store, url: str, *, digest: Optional[Union[Digest, str]] = None,
-          sha256: Optional[str] = None, md5: Optional[str] = None, force: Optional[bool] = None,
+          sha256: Optional[str] = None, md5: Optional[str] = None, force: Optional[Scope] = None,
           timeout: Optional[float] = None, retries: int = 5, progress: Optional[bool] = None,
           connect_timeout: float = 30.0, max_bytes: Optional[int] = None,
-          deadline: Optional[float] = None) -> Digest:
+          deadline: Optional[float] = None, refresh: bool = False) -> Digest:
     """Download ``url`` into the store exactly once across processes; return its digest.
 
-    ``digest`` (BLAKE3), ``sha256`` or ``md5`` are checked as the bytes arrive;
-    a mismatch raises :class:`IntegrityError` and stores nothing.  Other
-    processes fetching the same URL wait on a lock (logging every ~10 s) for
-    at most ``timeout`` seconds (default: the runtime setting ``lock_timeout``)
-    and then return the stored result.  ``force=True`` downloads again.
+    ``digest`` (BLAKE3), ``sha256`` or ``md5`` are checked as the bytes arrive
+    (one pass: BLAKE3 for the address plus only the checksums asked for); a
+    mismatch raises :class:`IntegrityError` and stores nothing.  Without any
+    of them the first download is trusted: later calls return it without
+    asking the server again (``refresh=True`` revalidates; see below).  Other
+    processes fetching the same URL wait on a lock (logging every ~10 s) while
+    the downloader works and beats its heartbeat; ``timeout`` (default: the
+    runtime setting ``lock_timeout``) applies only once it shows no sign of
+    life for that long.  ``force=True`` -- or a list of URLs / fetch names
+    (patterns) that matches; default the setting ``force_download`` --
+    downloads again *once per job*: a download another process recorded after
+    this one started is taken as the forced one.
+
+    ``refresh=True`` revalidates a stored download with the server: a
+    conditional GET with the recorded ``ETag`` (``If-None-Match``) and
+    ``Last-Modified`` (``If-Modified-Since``); ``304 Not Modified`` keeps the
+    stored object, ``200`` downloads the new content (checked, recorded as a
+    new version of the record).  A ``file://`` URL is re-read when its size or
+    modification time changed.  A record without validators is downloaded again.
 
     Transient network errors are retried ``retries`` times with exponential
     back-off; an interrupted transfer resumes with an HTTP Range request when
@@ -116,13 +144,15 @@ def fetch(store: Store, url: str, *, digest: Optional[Union[Digest, str]] = None
     or symbolic link).  Credentials (``user:pass@``, sent as HTTP Basic auth)
     and token-like query parameters never appear in logs, errors, progress
     text or the record.  The record is the head :func:`fetch_name`; its
-    metadata holds the (redacted) URL, the time and the sha256, and it keeps
-    the object from garbage collection.
+    metadata holds the (redacted) URL, the time, who fetched it, the
+    checksums computed and the server's validators, and it keeps the object
+    from garbage collection.
     """
 
     src = parse_source(url)
     want_digest, want = _expected(digest, sha256, md5)
-    force = check_flag(force, "force")
+    scope = check_scope(force, "force")
+    refresh = bool(check_flag(refresh, "refresh"))
     check_flag(progress, "progress")
     retries = check_count(retries, "retries")
     connect = check_seconds(connect_timeout, "connect_timeout", positive=True)
@@ -130,29 +160,54 @@ def fetch(store: Store, url: str, *, digest: Optional[Union[Digest, str]] = None
         max_bytes = check_count(max_bytes, "max_bytes")
     cfg = current()
     limit_s = cfg.fetch_deadline if deadline is None else check_seconds(deadline, "deadline", positive=True)
-    force = cfg.force_download if force is None else force
-    lock_timeout = lock_seconds(timeout, cfg.lock_timeout, "timeout")
     name = fetch_name(src.url)
-    if not force:
-        hit = _fetch_hit(store, name, want_digest, want)
-        if hit is not None:
+    forced = in_scope(cfg.force_download if scope is None else scope, src.url, src.shown, name)
+    lock_timeout = lock_seconds(timeout, cfg.lock_timeout, "timeout")
+    if not refresh:
+        hit = _fetch_hit(store, name, want_digest, want, forced=forced)
+        if isinstance(hit, Digest):
             return hit
-    with store.refs.lock(name, timeout=lock_timeout, what=f"download of {src.shown}"):
-        if not force:
-            hit = _fetch_hit(store, name, want_digest, want)
-            if hit is not None:
-                return hit
+    with store.refs.lock(name, timeout=lock_timeout, what=f"download of {src.shown}", heartbeat=HEARTBEAT):
+        hit = _fetch_hit(store, name, want_digest, want, forced=forced)
+        if isinstance(hit, _Record):
+            # The stored bytes lack a checksum asked for now (the first fetch asked for none):
+            # hash them locally, once, and record it -- a download is not needed to check them.
+            hit = _add_checksums(store, name, hit, want, lock_timeout)
         refuse_pinned(store, name, f"fetch of {src.shown}")
+        conditional: Dict[str, str] = {}
+        if hit is not None:
+            if not refresh:
+                return hit
+            rec = store.manifest(name).meta
+            conditional = _validators(rec)
+            if src.scheme == "file" and _file_unchanged(src, rec):
+                return hit
         end = time.monotonic() + min(limit_s, 1e9)  # finite: inf would overflow timer arithmetic
-        d, sums, size = _download(store, src, want_digest, want, retries=retries, progress=progress,
-                                  connect_timeout=min(connect, 1e9), max_bytes=max_bytes, end=end)
-        meta: Dict[str, object] = {"kind": "casstore.fetch", "url": src.shown, "fetched": time.time(), **sums}
+        got = _download(store, src, want_digest, want, retries=retries, progress=progress,
+                        connect_timeout=min(connect, 1e9), max_bytes=max_bytes, end=end,
+                        conditional=conditional if src.scheme != "file" else {})
+        if got is None:  # 304 Not Modified
+            assert hit is not None
+            log.info("fetch %s: not modified since %s; keeping %s", src.shown, conditional, hit)
+            return hit
+        d, sums, size, validators = got
+        meta: Dict[str, object] = {"kind": "casstore.fetch", "url": src.shown, "fetched": time.time(),
+                                   "by": producer(), **sums, **validators}
         write_head(store, name, {"content": Entry(d, size, {})}, meta, timeout=lock_timeout)
         return d
 
 
-def _fetch_hit(store: Store, name: str, want_digest: Optional[Digest], want: Dict[str, str]) -> Optional[Digest]:
-    if want_digest is not None and not want and store.objects.has(want_digest):
+@dataclass(frozen=True, slots=True)
+class _Record:
+    """A stored download that matches all but the checksums in ``missing`` (never computed for it)."""
+
+    digest: Digest
+    missing: Tuple[str, ...]
+
+
+def _fetch_hit(store: Store, name: str, want_digest: Optional[Digest], want: Dict[str, str], *,
+               forced: bool) -> Union[Digest, _Record, None]:
+    if want_digest is not None and not want and not forced and store.objects.has(want_digest):
         return want_digest
     if store.refs.get("heads", name) is None:
         return None
@@ -165,9 +220,52 @@ def _fetch_hit(store: Store, name: str, want_digest: Optional[Digest], want: Dic
     d = man["content"].digest
     if want_digest is not None and d != want_digest:
         return None
-    if any(man.meta.get(algo) != v for algo, v in want.items()):
+    if forced and not fresh_for_job(man.meta.get("fetched"), man.meta.get("by")):
         return None
-    return d if store.objects.has(d) else None
+    if not store.objects.has(d):
+        return None
+    if any(man.meta.get(algo) not in (None, v) for algo, v in want.items()):
+        return None  # a recorded checksum differs: the resource changed, or the caller is wrong
+    missing = tuple(algo for algo in want if man.meta.get(algo) is None)
+    return _Record(d, missing) if missing else d
+
+
+def _add_checksums(store: Store, name: str, rec: _Record, want: Dict[str, str],
+                   timeout: Optional[float]) -> Optional[Digest]:
+    """Check the stored object against checksums never computed for it; record them.  ``None``: mismatch."""
+    sums = {a: hashlib.new(a) for a in rec.missing}
+    with store.objects.open(rec.digest, verify=True) as f:
+        while True:
+            chunk = f.read(CHUNK)
+            if not chunk:
+                break
+            for h in sums.values():
+                h.update(chunk)
+    got = {a: h.hexdigest() for a, h in sums.items()}
+    if any(got[a] != want[a] for a in got):
+        return None  # the stored download is not what the caller expects: download again (and check)
+    man = store.manifest(name)
+    write_head(store, name, dict(man), {**man.meta, **got}, timeout=timeout)
+    return rec.digest
+
+
+def _validators(meta: Mapping[str, object]) -> Dict[str, str]:
+    """Conditional-GET headers from a record's validators (none: an unconditional download)."""
+    headers: Dict[str, str] = {}
+    etag, modified = meta.get("etag"), meta.get("last_modified")
+    if isinstance(etag, str) and etag.isprintable():
+        headers["If-None-Match"] = etag
+    if isinstance(modified, str) and modified.isprintable():
+        headers["If-Modified-Since"] = modified
+    return headers
+
+
+def _file_unchanged(src: Source, meta: Mapping[str, object]) -> bool:
+    try:
+        st = os.stat(src.path, follow_symlinks=False)
+    except OSError:
+        return False  # gone or unreadable: the download says why
+    return meta.get("mtime_ns") == st.st_mtime_ns and meta.get("size") == st.st_size
 
 
 class _Sink:
@@ -207,16 +305,26 @@ class _Sink:
 
 def _download(store: Store, src: Source, want_digest: Optional[Digest], want: Dict[str, str], *,
               retries: int, progress: Optional[bool], connect_timeout: float, max_bytes: Optional[int],
-              end: float) -> Tuple[Digest, Dict[str, str], int]:
-    algos = tuple(a for a in _CHECKSUMS if a in want or a == "sha256")  # sha256 is always recorded
+              end: float, conditional: Mapping[str, str]
+              ) -> Optional[Tuple[Digest, Dict[str, str], int, Dict[str, object]]]:
+    """Download into a staging file and publish it: (digest, checksums, size, validators); ``None``: 304."""
+    # Only the checksums asked for: each costs a pass over the bytes at ~0.5-2 GB/s (BLAKE3 ~7 GB/s).
+    algos = tuple(a for a in _CHECKSUMS if a in want)
     bar = Progress(None, desc=f"fetch {src.basename}", enabled=progress)
     st = store.objects.stage("dl")
     try:
         sink = _Sink(st, algos, bar)
+        validators: Dict[str, object]
         if src.scheme == "file":
-            _read_file(src, sink, max_bytes, end)
+            validators = _read_file(src, sink, max_bytes, end)
         else:
-            _read_http(src, sink, retries=retries, connect_timeout=connect_timeout, max_bytes=max_bytes, end=end)
+            got = _read_http(src, sink, retries=retries, connect_timeout=connect_timeout, max_bytes=max_bytes,
+                             end=end, conditional=conditional)
+            if got is None:
+                st.abort()
+                bar.close()
+                return None
+            validators = dict(got)
         bar.close()
         d = Digest(sink.blake.hexdigest())
         sums = {a: h.hexdigest() for a, h in sink.sums.items()}
@@ -231,15 +339,18 @@ def _download(store: Store, src: Source, want_digest: Optional[Digest], want: Di
             st.abort()
         else:
             store.objects.publish(st, d, RAW)
-        return d, sums, sink.got
+        return d, sums, sink.got, validators
     except BaseException:
         st.abort()
         raise
 
 
-def _read_file(src: Source, sink: _Sink, max_bytes: Optional[int], end: float) -> None:
+def _read_file(src: Source, sink: _Sink, max_bytes: Optional[int], end: float) -> Dict[str, object]:
+    """Read a ``file://`` source into ``sink``; its validators (mtime_ns, size at open) for ``refresh``."""
     fd, size = open_file(src)
     try:
+        fst = os.fstat(fd)
+        validators: Dict[str, object] = {"mtime_ns": fst.st_mtime_ns, "size": fst.st_size}
         sink.bar.total = size
         # A file that grows while read is read to its end (what is hashed is what is stored), up to the cap.
         cap = max_bytes if max_bytes is not None else max(size, current().fetch_max_bytes)
@@ -248,16 +359,18 @@ def _read_file(src: Source, sink: _Sink, max_bytes: Optional[int], end: float) -
                 raise NetworkTimeout(f"reading {src.shown} did not finish by its deadline")
             chunk = os.read(fd, CHUNK)
             if not chunk:
-                return
+                return validators
             sink.add(chunk, cap, src)
     finally:
         os.close(fd)
 
 
 def _read_http(src: Source, sink: _Sink, *, retries: int, connect_timeout: float, max_bytes: Optional[int],
-               end: float) -> None:
+               end: float, conditional: Mapping[str, str]) -> Optional[Dict[str, str]]:
+    """Download into ``sink``: the validators of the full response (etag, last_modified); ``None``: 304."""
     attempt = 0
     validator: Optional[str] = None  # ETag or Last-Modified of the latest full response
+    found: Dict[str, str] = {}
     total: Optional[int] = None  # the resource's full size, once announced
     while True:
         headers: Dict[str, str] = {}
@@ -266,13 +379,18 @@ def _read_http(src: Source, sink: _Sink, *, retries: int, connect_timeout: float
             # server whose file changed answers 200 with all of it.
             headers["Range"] = f"bytes={sink.got}-"
             headers["If-Range"] = validator
+        elif not sink.got:
+            headers.update(conditional)  # refresh: 304 if the stored version is current
         try:
             with get(src, headers, connect_timeout=connect_timeout, deadline=end) as resp:
+                if resp.status == 304 and conditional and not sink.got:
+                    return None
                 if resp.status == 200:  # a full answer: what a later Range request must match
                     total = resp.length
-                    validator = resp.headers.get("ETag") or resp.headers.get("Last-Modified")
+                    found = _response_validators(resp)
+                    validator = found.get("etag") or found.get("last_modified")
                 _take_response(resp, sink, max_bytes, total)
-            return
+            return found
         except CasstoreError:
             raise
         except (OSError, http.client.HTTPException, _Retry) as e:
@@ -287,6 +405,16 @@ def _read_http(src: Source, sink: _Sink, *, retries: int, connect_timeout: float
             log.warning("download of %s interrupted at %d bytes (%s); retry %d/%d in %.1fs",
                         src.shown, sink.got, what, attempt, retries, delay)
             time.sleep(delay)
+
+
+def _response_validators(resp: Response) -> Dict[str, str]:
+    """ETag / Last-Modified of a response, if short and printable (server-controlled, stored in the record)."""
+    out: Dict[str, str] = {}
+    for header, key in (("ETag", "etag"), ("Last-Modified", "last_modified")):
+        v = resp.headers.get(header)
+        if isinstance(v, str) and 0 < len(v) <= 256 and v.isprintable():
+            out[key] = v
+    return out
 
 
 class _Retry(Exception):

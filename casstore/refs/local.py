@@ -152,10 +152,15 @@ class LocalRefs(RefStore):
         self.durable = durable
         """fsync ref files and their directories."""
 
-    def lock(self, name: str, *, timeout: Optional[float] = DEFAULT_TIMEOUT, what: str = "") -> FileLock:
-        """The lock of one name (heads and pins alike): hold it across a read-modify-write."""
+    def lock(self, name: str, *, timeout: Optional[float] = DEFAULT_TIMEOUT, what: str = "",
+             heartbeat: Optional[float] = None) -> FileLock:
+        """The lock of one name (heads and pins alike): hold it across a read-modify-write.
+
+        ``heartbeat``: seconds between beats while held, for long work (fetch,
+        derive) that waiters must not time out on while it progresses (``_lock.py``).
+        """
         return FileLock(_lock_path(self.root, "names", validate_name(name)), timeout=timeout,
-                        what=what or f"name {name!r}")
+                        what=what or f"name {name!r}", heartbeat=heartbeat)
 
     def read(self, kind: str, name: str) -> Optional[Ref]:
         """Lock-free read; the token of a local ref is its digest."""
