@@ -108,7 +108,7 @@ Buffer = Union[bytes, bytearray, memoryview]
 
 _HDR = 64
 _FILE_MAGIC = b"CSICACHE"
-_FILE_HEADER = struct.Struct("<8sI52x")  # magic, format; also the first 64 bytes of every data.<k>
+_FILE_HEADER = struct.Struct("<8sI52x")  # magic, format; also the first 64 bytes of data.0
 _FOOT_MAGIC = b"CSICFOOT"
 # magic, format, slot size, length, table offset, data end, records, payload bytes, table crc, footer crc
 _FOOTER = struct.Struct("<8sIIQQQQQII")
@@ -653,7 +653,7 @@ class IndexCache:
         try:
             fd = self._read_fd(fno)
         except FileNotFoundError:
-            if self._adopt_frozen():  # frozen in place meanwhile: data.<k> became the frozen file
+            if self._adopt_frozen():  # frozen in place meanwhile: data.0 became the frozen file
                 return self.get(k)
             raise
         n = end - off
