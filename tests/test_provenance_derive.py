@@ -65,3 +65,14 @@ def test_derive_head_keeps_its_current_inputs(store: casstore.Store, tmp_path: P
     plan = collect(store)
     assert plan.why(raw) == "kept: input 'raw' of head 'proc' (derive provenance)"
     assert raw.hex in hexes(store.root)
+
+
+def test_diff_of_two_real_derive_results_shows_params_and_inputs(store: casstore.Store) -> None:
+    a, b = store.put(b"input a"), store.put(b"input b")
+    r1 = store.derive("proc", inputs={"raw": a}, fn=_gunzip_like, params={"cutoff": 5.0, "mode": "x"})
+    r2 = store.derive("proc", inputs={"raw": b}, fn=_gunzip_like, params={"cutoff": 6.0, "mode": "x"})
+    d = store.diff(r1, r2)
+    assert list(d.changed) == ["data.bin"]
+    assert dict(d.params.changed) == {"cutoff": (5.0, 6.0)} and not d.params.added and not d.params.removed
+    assert dict(d.inputs.changed) == {"raw": (str(a), str(b))}
+    assert "derive" in d.meta.changed and "casstore.inputs" in d.meta.changed
