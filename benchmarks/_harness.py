@@ -141,11 +141,13 @@ def interleave(cases: Sequence[Case], reps: int, warmup: int = 1, *, usage: Opti
     ``usage``, if given, receives per case and measured round what the call
     cost this process (``getrusage``, all threads): ``cpu_s`` (user + system
     CPU seconds), ``minflt`` (page faults) and ``nivcsw`` (times a thread was
-    preempted).  CPU seconds above the wall time mean both cores worked; many
-    preemptions mean other processes took a core meanwhile.
+    preempted), plus the machine-wide :func:`vmstat` deltas.  CPU seconds above
+    the wall time mean both cores worked; many preemptions mean other processes
+    took a core meanwhile; compaction stalls mean fresh huge pages were costly.
     """
     import resource
 
+    vm0: Dict[str, int] = {}
     out: Samples = {c.name: {} for c in cases}
     n = len(cases)
     for r in range(warmup + reps):
@@ -155,6 +157,8 @@ def interleave(cases: Sequence[Case], reps: int, warmup: int = 1, *, usage: Opti
                 case.setup(r)
             gc.collect()
             gc.disable()
+            if usage is not None:
+                vm0 = vmstat()
             ru0 = resource.getrusage(resource.RUSAGE_SELF)
             try:
                 t0 = time.perf_counter()
@@ -174,7 +178,39 @@ def interleave(cases: Sequence[Case], reps: int, warmup: int = 1, *, usage: Opti
                 u.setdefault("cpu_s", []).append(round(ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime, 4))
                 u.setdefault("minflt", []).append(ru1.ru_minflt - ru0.ru_minflt)
                 u.setdefault("nivcsw", []).append(ru1.ru_nivcsw - ru0.ru_nivcsw)
+                for key, count in vmstat().items():  # machine-wide: compaction stalls, huge-page faults
+                    u.setdefault(key, []).append(count - vm0.get(key, count))
     return out
+
+
+VMSTAT_KEYS = ("compact_stall", "thp_fault_alloc", "thp_fault_fallback", "pgscan_direct")
+
+
+def vmstat() -> Dict[str, int]:
+    """Machine-wide counters from ``/proc/vmstat`` that explain slow first touches of memory; ``{}`` elsewhere.
+
+    ``compact_stall``: an allocation waited while the kernel compacted memory
+    (huge pages asked for with ``MADV_HUGEPAGE`` on fragmented free memory);
+    ``thp_fault_alloc``/``thp_fault_fallback``: huge pages given / refused at a
+    fault; ``pgscan_direct``: pages an allocation had to reclaim itself;
+    ``reported_kib`` (where the guest reports free pages to its host): free
+    memory given back to the host, which costs a host fault when touched again.
+    """
+    out: Dict[str, int] = {}
+    try:
+        with open("/proc/vmstat") as f:
+            out = {k: int(v) for k, v in (line.split() for line in f) if k in VMSTAT_KEYS}
+    except OSError:
+        pass
+    try:  # free page reporting (virtio-balloon): KiB of free 2 MiB blocks handed back to the host so far
+        with open(REPORTED_KIB) as f:
+            out["reported_kib"] = int(f.read())
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+REPORTED_KIB = "/sys/module/page_reporting/parameters/reported_kib"
 
 
 def median(xs: Sequence[float]) -> float:

@@ -156,5 +156,5 @@ def test_interleave_rotates_and_reports_usage() -> None:
                        reps=2, usage=usage)
     assert order == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2)]  # warm-up round 0 not recorded
     assert len(res["a"]["total"]) == 2 and res["b"] == {"x": [0.5, 0.5]}
-    assert set(usage) == {"a", "b"} and set(usage["a"]) == {"cpu_s", "minflt", "nivcsw"}
+    assert set(usage) == {"a", "b"} and {"cpu_s", "minflt", "nivcsw"} <= set(usage["a"])
     assert len(usage["b"]["nivcsw"]) == 2
