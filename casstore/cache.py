@@ -359,7 +359,8 @@ class IndexCache:
     __slots__ = (
         "store", "length", "max_bytes", "verify_mode", "lock_timeout", "name", "digest",
         "_dir", "_owner", "_imm", "_ifd", "_proc", "_fmm", "_fq", "_fcheck", "_ffd", "_fpath",
-        "_fcount", "_ftotal", "_finalizer", "_manifest_digest", "_qo", "_qe", "_qs", "_qm", "_seen", "__weakref__",
+        "_fcount", "_ftotal", "_finalizer", "_manifest_digest", "_qo", "_qe", "_qs", "_qm", "_seen", "_ffmt",
+        "__weakref__",
     )
     _dir: Optional[Path]
     _imm: Any
@@ -441,6 +442,7 @@ class IndexCache:
         self._qm: Any = None
         self._fcheck = "every"
         self._seen: Any = None
+        self._ffmt = FORMAT
         self._ffd = -1
         self._fpath: Optional[Path] = None
         self._fcount = 0
@@ -968,6 +970,7 @@ class IndexCache:
             self.__class__ = _FROZEN_CLASSES[check]
         self._fcheck = check
         self._fcount, self._ftotal = int(count), int(total)
+        self._ffmt = int(fmt)
 
     # -- preserve -----------------------------------------------------------------
 
@@ -1056,7 +1059,7 @@ class IndexCache:
             "verify": self.verify_mode,
             "file": str(self._fpath) if self._fpath else None,
             "file_bytes": os.fstat(self._ffd).st_size if self._ffd >= 0 else None,
-            "format": FORMAT,
+            "format": self._ffmt,  # the frozen file's (a format-1 cache stays format 1)
         }
 
     def verify(self) -> int:

@@ -329,7 +329,7 @@ def test_format_1_caches_preserved_by_earlier_versions_still_open_and_check(stor
     for mode in ("once", "full", "record", "open"):
         o = IndexCache.open(store, "old", verify=mode)
         assert [o.get(i) for i in range(4)] == [recs[0], None, recs[2], b""]
-        assert o.verify() == 3
+        assert o.verify() == 3 and o.info()["format"] == 1
         o.close()
     path = store.path(d)
     flip(path, 64 + 10 + 5000)  # inside the BLAKE3-64 record
