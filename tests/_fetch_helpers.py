@@ -54,6 +54,8 @@ class Route:
     drop_first: int = 0  # first N requests: full Content-Length, half the body, then close
     fail_first: int = 0  # first N requests: 503 Service Unavailable
     status: int = 200
+    etag: bool = True  # send an ETag (of the data) and honour If-None-Match with 304
+    last_modified: Optional[str] = None  # send Last-Modified and honour If-Modified-Since (exact match) with 304
 
 
 @dataclass
@@ -63,6 +65,8 @@ class Request:
     status: int = 0
     sent: int = 0  # body bytes written so far
     done: bool = False
+    if_none_match: Optional[str] = None
+    if_modified_since: Optional[str] = None
 
 
 @dataclass
@@ -106,7 +110,8 @@ def _make_handler(state: Server) -> type:
             pass
 
         def do_GET(self) -> None:  # noqa: N802 - http.server naming
-            req = Request(self.path, self.headers.get("Range"))
+            req = Request(self.path, self.headers.get("Range"), if_none_match=self.headers.get("If-None-Match"),
+                          if_modified_since=self.headers.get("If-Modified-Since"))
             with state.lock:
                 state.requests.append(req)
                 n_before = sum(1 for r in state.requests if r.path == self.path) - 1
@@ -132,6 +137,14 @@ def _make_handler(state: Server) -> type:
             etag = '"' + hashlib.sha256(data).hexdigest()[:16] + '"'
             start = 0
             status = 200
+            if ((route.etag and req.if_none_match == etag)
+                    or (route.etag is False and route.last_modified is not None
+                        and req.if_modified_since == route.last_modified)):
+                req.status = 304
+                self.send_response(304)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             # If-Range: resume only if the resource is still the version the client has.
             same = self.headers.get("If-Range") in (None, etag)
             if (route.ranges and same and req.range and req.range.startswith("bytes=")
@@ -150,7 +163,10 @@ def _make_handler(state: Server) -> type:
             self.send_response(status)
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Content-Length", str(len(body)))
-            self.send_header("ETag", etag)
+            if route.etag:
+                self.send_header("ETag", etag)
+            if route.last_modified is not None:
+                self.send_header("Last-Modified", route.last_modified)
             self.send_header("Connection", "close")
             if route.ranges:
                 self.send_header("Accept-Ranges", "bytes")
@@ -283,6 +299,24 @@ def slow_fn(counter: str, marker: str, inputs: Dict[str, Path], out: Path) -> No
         f.write(data[len(data) // 2:])
 
 
+def sleepy_fn(counter: str, seconds: float, inputs: Dict[str, Path], out: Path) -> None:
+    """Like :func:`counting_fn`, but takes ``seconds`` (a long, live, progressing producer)."""
+    with open(counter, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(seconds)
+    (out / "result.bin").write_bytes(inputs["src"].read_bytes()[::-1])
+
+
+def scale_v1(inputs: Dict[str, Path], out: Path) -> None:
+    """A derive fn; :func:`scale_v2` is the same function edited (another constant)."""
+    (out / "x.bin").write_bytes(inputs["src"].read_bytes() * 2)
+
+
+def scale_v2(inputs: Dict[str, Path], out: Path) -> None:
+    """:func:`scale_v1` edited: repeats three times."""
+    (out / "x.bin").write_bytes(inputs["src"].read_bytes() * 3)
+
+
 # -- process workers ---------------------------------------------------------------
 
 
@@ -311,6 +345,40 @@ def derive_worker(root: str, name: str, src: str, fn: Any, barrier: Any, q: Any,
         return str(m.digest), {k: str(e.digest) for k, e in m.items()}
 
     _report(q, go)
+
+
+def fetch_job_worker(root: str, url: str, barrier: Any, q: Any, env: Dict[str, str]) -> None:
+    """One rank of a job: the settings come from ``env`` (set before casstore reads them)."""
+    os.environ.update(env)
+    fetch_worker(root, url, barrier, q, {})
+
+
+def derive_job_worker(root: str, name: str, src: str, fn: Any, barrier: Any, q: Any,
+                      env: Dict[str, str]) -> None:
+    """One rank of a job running ``derive(name)``; the settings come from ``env``."""
+    os.environ.update(env)
+    derive_worker(root, name, src, fn, barrier, q, {})
+
+
+def dead_holder(root: str, name: str, q: Any) -> None:
+    """Take ``name``'s lock with a heartbeat, hand the locked descriptor to a ``sleep`` child, and die.
+
+    The lock stays held (by the child, which shares the open file description)
+    while the process that wrote the heartbeat record is gone.
+    """
+    import subprocess
+
+    store = casstore.open(root)
+    lk = store.refs.lock(name, heartbeat=0.1, what=f"test {name}")
+    lk.acquire()
+    target = str(lk.path)
+    fd = next(int(f) for f in os.listdir("/proc/self/fd")
+              if os.path.realpath(f"/proc/self/fd/{f}") == target)
+    child = subprocess.Popen(["sleep", "60"], pass_fds=[fd])
+    q.put(("ok", os.getpid(), child.pid))
+    q.close()
+    q.join_thread()  # the queue's feeder thread must deliver before the hard exit
+    os._exit(0)
 
 
 def hdf5_holder(root: str, digest: str, dataset: str, ready: Any, release: Any, q: Any) -> None:

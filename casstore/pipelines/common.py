@@ -27,10 +27,23 @@ if TYPE_CHECKING:
     from ..store import Store
 
 __all__ = ["check_seconds", "check_flag", "check_count", "lock_seconds", "write_head", "refuse_pinned",
-           "Scope", "check_scope", "in_scope", "process_started", "fresh_for_job", "producer", "HEARTBEAT"]
+           "Scope", "check_scope", "in_scope", "process_started", "fresh_for_job", "producer", "HEARTBEAT",
+           "beat_every"]
 
 HEARTBEAT = BEAT_EVERY
-"""Seconds between the heartbeats of a fetch/derive holding its name's lock (``_lock.py``)."""
+"""Longest interval between the heartbeats of a fetch/derive holding its name's lock (``_lock.py``)."""
+
+
+def beat_every(lock_timeout: Optional[float]) -> float:
+    """Heartbeat interval of a holder whose own ``lock_timeout`` is given: a quarter of it, 0.05-1 s.
+
+    A waiter allows at least three intervals without a beat, so with the same
+    ``lock_timeout`` everywhere (one job, one setting) a stall is declared
+    after ``lock_timeout`` seconds exactly, even for a short one.
+    """
+    if lock_timeout is None:
+        return HEARTBEAT
+    return min(HEARTBEAT, max(0.05, lock_timeout / 4))
 
 Scope = Union[bool, Sequence[str]]
 """``force_download`` / ``regenerate``: everything (True), nothing (False), or the names (patterns) listed."""

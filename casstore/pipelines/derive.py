@@ -82,8 +82,8 @@ from ..errors import (
 from ..manifests import Entry, Manifest, canonical_meta, load_manifest, validate_key
 from ..refs import validate_name
 from .common import (
-    HEARTBEAT,
     Scope,
+    beat_every,
     check_scope,
     fresh_for_job,
     in_scope,
@@ -258,7 +258,8 @@ def derive(store: Store, name: str, *, inputs: Mapping[str, DeriveInput], fn: De
     hit, _head = _lookup(store, name, key, code, force=force, history=False)
     if hit is not None:
         return hit
-    with store.refs.lock(name, timeout=lock_timeout, what=f"derive {name!r} (key {key[:12]})", heartbeat=HEARTBEAT):
+    with store.refs.lock(name, timeout=lock_timeout, what=f"derive {name!r} (key {key[:12]})",
+                         heartbeat=beat_every(lock_timeout)):
         hit, head = _lookup(store, name, key, code, force=force, history=not force)
         if hit is not None:
             if head is None or hit.digest == head.digest or hit.frozen:

@@ -48,8 +48,8 @@ from ..errors import (
 from ..manifests import Entry
 from ..settings import current
 from .common import (
-    HEARTBEAT,
     Scope,
+    beat_every,
     check_count,
     check_flag,
     check_scope,
@@ -167,7 +167,8 @@ def fetch(store: Store, url: str, *, digest: Optional[Union[Digest, str]] = None
         hit = _fetch_hit(store, name, want_digest, want, forced=forced)
         if isinstance(hit, Digest):
             return hit
-    with store.refs.lock(name, timeout=lock_timeout, what=f"download of {src.shown}", heartbeat=HEARTBEAT):
+    with store.refs.lock(name, timeout=lock_timeout, what=f"download of {src.shown}",
+                         heartbeat=beat_every(lock_timeout)):
         hit = _fetch_hit(store, name, want_digest, want, forced=forced)
         if isinstance(hit, _Record):
             # The stored bytes lack a checksum asked for now (the first fetch asked for none):
