@@ -13,7 +13,7 @@ Layer 4 (docs/design.md): uses only the public layers below it --
 """
 
 from ..errors import NetworkTimeout
-from .derive import DeriveFn, DeriveInput, InputKey, derive, derive_key
+from .derive import DeriveFn, DeriveInput, InputKey, code_fingerprint, derive, derive_key
 from .fetch import fetch, fetch_name
 from .http import MAX_REDIRECTS, redact
 
@@ -22,6 +22,7 @@ __all__ = [
     "fetch_name",
     "derive",
     "derive_key",
+    "code_fingerprint",
     "DeriveFn",
     "DeriveInput",
     "InputKey",
