@@ -31,19 +31,19 @@ from __future__ import annotations
 
 import base64
 import errno
-import http.client
 import os
 import re
 import socket
-import ssl
 import stat
 import threading
 import time
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Dict, List, Mapping, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple, Type
+
+if TYPE_CHECKING:  # imported where used: a warm fetch (a store hit) never loads http.client or ssl (~35 ms)
+    import http.client
 
 from ..errors import (
     BackendError,
@@ -175,7 +175,7 @@ def parse_source(url: object) -> Source:
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise InvalidInputError(f"malformed URL {shown!r}: a file URL names a local path (file:///path)")
-        path = urllib.request.url2pathname(parts.path)
+        path = urllib.parse.unquote(parts.path)  # urllib.request.url2pathname on POSIX
         if not path or not path.startswith("/"):
             raise InvalidInputError(f"malformed URL {shown!r}: no path")
         return Source(url, shown, scheme, "", 0, "", path, None, tuple(secrets))
@@ -323,6 +323,8 @@ class Response:
         announced length, ``TimeoutError`` if one read waits longer than the
         per-read timeout and :class:`NetworkTimeout` at the deadline.
         """
+        import http.client
+
         if self._left == 0:
             return b""
         self._arm()
@@ -378,6 +380,8 @@ class Response:
 
 def _proxy_for(src: Source) -> Optional[Source]:
     """The proxy for ``src`` from the environment (``http_proxy``, ``https_proxy``, ``no_proxy``), if any."""
+    import urllib.request
+
     proxies = urllib.request.getproxies()
     proxy = proxies.get(src.scheme)
     if not proxy or urllib.request.proxy_bypass(src.host):
@@ -392,6 +396,9 @@ def _proxy_for(src: Source) -> Optional[Source]:
 
 def _connection(src: Source, timeout: float) -> Tuple[http.client.HTTPConnection, str, Dict[str, str]]:
     """(connection, request target, extra headers), through a proxy when the environment names one."""
+    import http.client
+    import ssl
+
     proxy = _proxy_for(src)
     extra: Dict[str, str] = {}
     if proxy is None:
@@ -412,6 +419,8 @@ def _connection(src: Source, timeout: float) -> Tuple[http.client.HTTPConnection
 
 
 def _request(src: Source, headers: Mapping[str, str], *, connect_timeout: float, deadline: float) -> Response:
+    import ssl
+
     left = deadline - time.monotonic()
     if left <= 0:
         raise NetworkTimeout(f"download of {src.shown} did not finish by its deadline")
