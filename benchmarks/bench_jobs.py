@@ -288,6 +288,8 @@ def bench_modelforge(quick: bool) -> List[Row]:
                                   "phases_median_s": {k: round(median(v), 4) for k, v in sorted(res["cas"].items())
                                                       if k.startswith("regenerate.")}}))
     log(f"regenerate: {median(regen):.2f} s; ranks that ran fn per round: {did}")
+    log("  cas   " + ", ".join(f"{k.removeprefix('regenerate.')}={median(v):.2f}" for k, v in sorted(res["cas"].items())
+                               if k.startswith("regenerate.") and not k.endswith("ranks_did")))
     return rows
 
 
