@@ -97,3 +97,26 @@ def test_refresh_file_url(store: casstore.Store, tmp_path: Path) -> None:
     assert str(store.fetch(url)) == b3(b"one")  # trusted until asked
     assert str(store.fetch(url, refresh=True)) == b3(b"two!")
     assert len(store.history(fetch_name(url))) == 2
+
+
+def test_cli_fetch_refresh(tmp_path: Path, server: Server) -> None:
+    import subprocess
+    import sys
+
+    v1, v2 = os.urandom(10_000), os.urandom(10_000)
+    url = server.add("/cli.bin", v1)
+    cli = str(Path(sys.executable).with_name("casstore"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CASSTORE_")}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
+
+    def run(*args: str) -> str:
+        r = subprocess.run([cli, "--store", str(tmp_path / "store"), "fetch", url, *args], capture_output=True,
+                           text=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    assert run() == b3(v1)
+    server.routes["/cli.bin"].data = v2
+    assert run() == b3(v1) and run("--refresh") == b3(v2)
+    assert [r.status for r in server.reqs("/cli.bin")] == [200, 200]
+    assert run("--refresh") == b3(v2) and server.reqs("/cli.bin")[-1].status == 304

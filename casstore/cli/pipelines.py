@@ -12,7 +12,8 @@ __all__ = ["register"]
 def cmd_fetch(args: argparse.Namespace) -> int:
     """``casstore fetch URL``: print the digest of the downloaded (or already stored) bytes."""
     store = open_from_args(args)
-    d = store.fetch(args.url, digest=args.digest, sha256=args.sha256, md5=args.md5, force=args.force or None)
+    d = store.fetch(args.url, digest=args.digest, sha256=args.sha256, md5=args.md5, force=args.force or None,
+                    refresh=args.refresh)
     print(d)
     return 0
 
@@ -25,3 +26,5 @@ def register(add: Add) -> None:
     sp.add_argument("--sha256", help="expected sha256 (hex)")
     sp.add_argument("--md5", help="expected md5 (hex)")
     sp.add_argument("--force", action="store_true", help="download again even if stored")
+    sp.add_argument("--refresh", action="store_true",
+                    help="revalidate a stored download with the server (ETag / Last-Modified; 304 keeps it)")
