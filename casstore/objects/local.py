@@ -88,6 +88,7 @@ OVERLAP_MIN = 16 << 20
 _GET_WINDOW = 8 << 20
 # Raw puts from this size up write while a helper thread hashes (see put_parts).
 PUT_OVERLAP_MIN = 1 << 20
+_PUT_POOL_MIN = 4 << 20
 _BATCH = 512  # put_many: objects staged per filesystem sync
 _MODE = 0o444  # objects are read-only for everyone
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -365,8 +366,12 @@ class LocalObjects(ObjectStore):
         # Hash (CPU, GIL released) and write (a copy into the page cache) overlap.
         # The dedupe check comes after both, but before the fsync: re-putting an
         # existing object costs a page-cache write that is thrown away, never a sync.
+        total = sum(len(m) for m in mvs)
         with self.stage() as st:
-            with HashBeside() as hasher:
+            st.preallocate(total)
+            # blake3's pool for big parts: where hashing is slower than the write
+            # (the CPU's slow phases here), it spreads over both cores.
+            with HashBeside(threaded=total >= _PUT_POOL_MIN) as hasher:
                 for m in mvs:
                     hasher.feed(m)
                 for m in mvs:
