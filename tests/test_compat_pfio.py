@@ -7,12 +7,14 @@ classes, forked workers, and the places where casstore is stricter (damaged data
 
 from __future__ import annotations
 
+import errno
 import io
 import multiprocessing as mp
 import os
 import pickle
 import random
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Iterator, List
@@ -273,4 +275,103 @@ def test_a_full_disk_warns_and_returns_false_as_pfio_does(tiny_fs: Path) -> None
     assert any(issubclass(x.category, RuntimeWarning) for x in w)
     stored = [i for i, ok in enumerate(results) if ok]
     assert all(c.get(i) is not None for i in stored)
+    c.close()
+
+
+# -- close() leaves dir as it found it (pfio's test_cleanup), and only when that is safe ----------
+
+
+def _child_close(c: MultiprocessFileCache, q: Any) -> None:
+    c.close()
+    q.put(sorted(os.listdir(c.dir)))
+
+
+@pytest.mark.parametrize("cls", [FileCache, MultiprocessFileCache])
+def test_close_of_a_cache_that_kept_nothing_empties_dir_again(cdir: Path, cls: Any) -> None:
+    c = cls(10, dir=str(cdir), do_pickle=True)
+    for i in range(10):
+        c.put(i, str(i))
+    assert os.listdir(cdir) == [STORE_DIR]
+    c.close()
+    assert os.listdir(cdir) == []
+    c.close()  # idempotent
+    # The next cache makes the store again, and so can any number of rounds.
+    with cls(3, dir=str(cdir)) as c2:
+        assert c2.put(0, b"x") and c2.get(0) == b"x"
+    assert os.listdir(cdir) == []
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_close_in_a_worker_removes_nothing(cdir: Path, method: str) -> None:
+    ctx = mp.get_context(method)
+    c = MultiprocessFileCache(10, dir=str(cdir), do_pickle=True)
+    c.put(1, "one")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_close, args=(c, q))
+    p.start()
+    assert q.get(timeout=JOIN) == [STORE_DIR]
+    p.join(JOIN)
+    assert p.exitcode == 0
+    assert os.listdir(cdir) == [STORE_DIR]
+    assert c.get(1) == "one" and c.put(2, "two")  # the parent's cache still works
+    c.close()
+    assert os.listdir(cdir) == []
+
+
+def test_store_stays_while_another_cache_uses_it_or_once_something_was_preserved(cdir: Path) -> None:
+    a = FileCache(5, dir=str(cdir))
+    b = FileCache(5, dir=str(cdir))  # same store, opened (not created) by this second cache
+    a.put(0, b"a")
+    a.close()
+    assert os.listdir(cdir) == [STORE_DIR]  # b holds it open: a leaves it
+    assert b.put(0, b"b") and b.get(0) == b"b"
+    b.close()  # the last user in the creating process removes it
+    assert os.listdir(cdir) == []
+    # Another process that holds the store open (its own flock) keeps it too.
+    c = FileCache(5, dir=str(cdir))
+    code = ("import sys; from casstore.compat.pfio import FileCache; "
+            "c = FileCache(5, dir=sys.argv[1]); print('open', flush=True); sys.stdin.read(); c.close()")
+    other = subprocess.Popen([sys.executable, "-c", code, str(cdir)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "open"
+        c.close()
+        assert os.listdir(cdir) == [STORE_DIR]
+    finally:
+        other.communicate("", timeout=JOIN)
+    assert other.returncode == 0
+    assert os.listdir(cdir) == [STORE_DIR]  # the other process did not create it
+
+
+def test_a_store_that_was_preserved_into_or_already_existed_is_never_removed(cdir: Path) -> None:
+    c = FileCache(5, dir=str(cdir))
+    c.put(0, b"x")
+    assert c.preserve("kept")
+    c.close()
+    assert os.listdir(cdir) == [STORE_DIR]
+    # Unpinned later: its object is still there until gc, so the store stays.
+    st = casstore.open(cdir / STORE_DIR)
+    st.unpin("kept")
+    with FileCache(5, dir=str(cdir)) as d:
+        d.put(0, b"y")
+    assert os.listdir(cdir) == [STORE_DIR]
+    # A store made by someone else (casstore.open) in dir: never ours to remove, even empty.
+    other = cdir.parent / "other"
+    casstore.open(other / STORE_DIR)
+    with FileCache(5, dir=str(other)) as e:
+        e.put(0, b"z")
+    assert os.listdir(other) == [STORE_DIR]
+
+
+@pytest.mark.parametrize("cls", [FileCache, MultiprocessFileCache])
+def test_a_removed_cache_directory_is_an_oserror_as_pfio_enoent(cdir: Path, cls: Any) -> None:
+    # pfio's test_enoent patches os.pread to raise ENOENT; here the files are really gone.
+    c = cls(10, dir=str(cdir))
+    import shutil
+
+    shutil.rmtree(cdir / STORE_DIR)
+    with pytest.raises(OSError) as e:
+        c.put(4, b"4")
+    assert e.value.errno == errno.ENOENT
+    assert c.get(4) is None  # nothing was stored
     c.close()

@@ -20,20 +20,26 @@ the cache is an :class:`~casstore.IndexCache` in a casstore store at ``<dir>/cas
 
 Differences, all documented in docs/index-cache.md ("Switching from pfio"): preserved
 caches live in the store, not as ``<dir>/<name>`` files (pfio's own preserved files are
-not read); ``trace`` is accepted and ignored; the store's directory stays after
-``close``; an ``IntegrityError`` replaces silently damaged data.
+not read); ``trace`` is accepted and ignored; an ``IntegrityError`` replaces silently
+damaged data.  As in pfio, ``close`` leaves ``dir`` as it found it when nothing was
+preserved: the store ``<dir>/casstore`` is removed by the process that created it, once
+no other cache uses it and it holds no pin, object or live cache (see :class:`_StoreUse`).
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import io
 import numbers
 import os
 import pickle
+import secrets
+import shutil
 import warnings
-from typing import Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
+from .._layout import BAD, LOCKS, OBJECTS, REFS, TMP
 from ..cache import DEFAULT_VERIFY, IndexCache
 from ..errors import DiskFullError, FrozenError, InvalidInputError, ObjectNotFoundError, StoreFormatError
 from ..store import Store, open_store
@@ -44,6 +50,115 @@ STORE_DIR = "casstore"
 """Name of the casstore store created inside ``dir`` (unless ``store=`` is given)."""
 INDEX_BYTES = 16
 """Bytes per index that ``cache_size_limit`` counts on top of the data, as pfio's file does."""
+USERS_LOCK = "compat-pfio.lock"
+"""File under the store's ``locks/`` on which every cache that opened ``<dir>/casstore`` holds a shared flock."""
+
+# Store roots this process created (mkdir succeeded) -> its pid.  Only the creator removes
+# a store, and a forked child inherits this dict with its parent's pid, so it never does.
+_CREATED: Dict[str, int] = {}
+_RETRIES = 50
+
+
+class _StoreUse:
+    """One cache's use of the store ``<dir>/casstore`` that it opened itself (not ``store=``).
+
+    pfio leaves ``dir`` as it found it after ``close`` when nothing was preserved
+    (pfio's ``test_cleanup``).  Removing a store is dangerous, so it happens only when
+    all of these hold: this process created the directory (``os.mkdir`` succeeded here:
+    exactly one process does); this is that process, not a forked or spawned child;
+    no other cache uses the store (each holds a shared ``flock`` on ``locks/compat-pfio.lock``
+    while open, and the remover needs an exclusive one without waiting); and the store
+    holds no pin, head, object, temp file or quarantined file, i.e. nothing was ever
+    published into it.  The remover renames the root aside before deleting it, and an
+    opener checks after taking its shared lock that the lock file it holds is still the
+    one at ``<root>/locks`` (else it retries): a cache never starts in a store being removed.
+    """
+
+    __slots__ = ("root", "store", "fd", "pid")
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        """The store directory."""
+        self.pid = os.getpid()
+        """The process that opened this use (a forked child only closes its copy of the descriptor)."""
+        for _ in range(_RETRIES):
+            try:
+                os.mkdir(root)
+                _CREATED[root] = self.pid
+            except FileExistsError:
+                pass
+            self.store = open_store(root)
+            fd = self._attach()
+            if fd >= 0:
+                self.fd = fd
+                return
+        raise InvalidInputError(  # pragma: no cover - another process removes the store in a tight loop
+            f"could not open the cache store {root}: it was removed {_RETRIES} times while opening; retry")
+
+    def _attach(self) -> int:
+        """A descriptor of the users' lock file holding a shared flock, or -1 if the store was removed meanwhile."""
+        path = os.path.join(self.root, LOCKS, USERS_LOCK)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except FileNotFoundError:
+            return -1
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while a remover holds it (microseconds)
+            st, now = os.fstat(fd), os.stat(path)
+            if (st.st_ino, st.st_dev) == (now.st_ino, now.st_dev):
+                return fd
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        return -1
+
+    def __reduce__(self) -> Any:
+        return (_StoreUse._reattach, (self.root, self.store))
+
+    @staticmethod
+    def _reattach(root: str, store: Store) -> _StoreUse:
+        """In a spawned worker: hold a shared lock too (never the remover: this process did not create it)."""
+        use = _StoreUse.__new__(_StoreUse)
+        use.root, use.store, use.pid = root, store, os.getpid()
+        use.fd = use._attach()
+        return use
+
+    def release(self) -> None:
+        """Drop this use; the creating process removes the store if nothing was ever kept in it."""
+        fd, self.fd = self.fd, -1
+        if fd < 0:
+            return
+        try:
+            # A forked child shares its parent's open file (and so its flock): it only
+            # closes its own descriptor, which leaves the lock held for the parent.
+            if os.getpid() == self.pid and _CREATED.get(self.root) == self.pid and self._unused(fd):
+                aside = os.path.join(os.path.dirname(self.root), f".{STORE_DIR}.{secrets.token_hex(6)}.removing")
+                os.rename(self.root, aside)  # atomic: an opener now finds no store, or a new lock file
+                _CREATED.pop(self.root, None)
+                shutil.rmtree(aside, ignore_errors=True)
+        except OSError:  # pragma: no cover - e.g. a read-only dir: leaving the store is always safe
+            pass
+        finally:
+            os.close(fd)
+
+    def _unused(self, fd: int) -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # another cache (any process) has the store open
+        for sub in (OBJECTS, REFS, TMP, BAD):
+            for _dirpath, _dirs, files in os.walk(os.path.join(self.root, sub)):
+                if files:
+                    return False  # something was published or is being written: keep everything
+        return True
+
+
+def _closed_get(i: int) -> object:
+    """``get`` of a closed cache: None, as pfio."""
+    return None
 
 
 def _default_cache_path() -> str:
@@ -90,9 +205,11 @@ class _PfioCache:
         """Accepted for pfio compatibility; casstore records no profiler events."""
         self.dir = _default_cache_path() if dir is None else os.fspath(dir)
         """The directory that holds the store (``<dir>/casstore``) unless ``store=`` was given."""
+        self._use: Optional[_StoreUse] = None
         if store is None:
             os.makedirs(self.dir, exist_ok=True)
-            store = open_store(os.path.join(self.dir, STORE_DIR))
+            self._use = _StoreUse(os.path.join(os.path.realpath(self.dir), STORE_DIR))
+            store = self._use.store
         self.store = store
         """The casstore store that holds the cache and the preserved caches."""
         self.verify = verify
@@ -103,7 +220,13 @@ class _PfioCache:
         max_bytes: Optional[int] = None
         if self.cache_size_limit:  # pfio: None and 0 both mean unlimited
             max_bytes = max(0, int(self.cache_size_limit) - INDEX_BYTES * self.length)
-        self._cache = IndexCache(store, self.length, max_bytes=max_bytes, verify=verify)
+        try:
+            self._cache = IndexCache(store, self.length, max_bytes=max_bytes, verify=verify)
+        except BaseException:
+            if self._use is not None:
+                self._use.release()
+            raise
+        self._bind()
         if self.verbose:
             print(f"created cache in {self._cache.store.root}: {self._cache!r}")
 
@@ -126,6 +249,8 @@ class _PfioCache:
 
         Raises ``IndexError`` for an index outside ``0 .. length-1`` and
         :class:`~casstore.IntegrityError` for damaged data (pfio would return it).
+        (Each instance replaces this method by :meth:`_bind`'s function: the same result
+        with no wrapper frame per call.)
         """
         if self.closed:
             return None
@@ -133,6 +258,35 @@ class _PfioCache:
         if self.do_pickle and data:
             return pickle.loads(data)
         return data
+
+    def _bind(self) -> None:
+        """Point this instance's ``get`` at the IndexCache's own get (its frozen fast path once frozen).
+
+        The hot path of a training loop: a method that checks ``closed`` and ``do_pickle``
+        and then calls the IndexCache costs a second Python frame per sample.  Rebound on
+        every change of state (preserve, preload, close); a put after freeze needs none.
+        """
+        get: Callable[[int], object]
+        if self.closed:
+            get = _closed_get
+        elif self.do_pickle:
+            cget, loads = self._cache.get, pickle.loads
+
+            def get(i: int) -> object:
+                data = cget(i)
+                return loads(data) if data else data
+        else:
+            get = self._cache.get
+        self.__dict__["get"] = get  # an instance attribute shadows the method
+
+    def __getstate__(self) -> Dict[str, Any]:
+        st = dict(self.__dict__)
+        st.pop("get", None)  # a closure: rebound in the worker
+        return st
+
+    def __setstate__(self, st: Dict[str, Any]) -> None:
+        self.__dict__.update(st)
+        self._bind()
 
     def put(self, i: int, data: object) -> bool:
         """Store ``data`` at ``i`` (pickled with ``do_pickle``); True if stored.
@@ -181,6 +335,7 @@ class _PfioCache:
                 print(f'Specified cache named "{name}" already exists in {self.store.root}')
             return False
         self._cache.preserve(name, overwrite=overwrite)
+        self._bind()  # frozen now: the lock-free read path
         return True
 
     def preload(self, name: str) -> bool:
@@ -201,13 +356,20 @@ class _PfioCache:
             return False
         old, self._cache = self._cache, opened
         old.close()
+        self._bind()
         return True
 
     def close(self) -> None:
-        """Release the cache; the process that created it also removes its live files."""
+        """Release the cache.  The process that created it also removes its live files, and
+        ``<dir>/casstore`` too if it created that and nothing was preserved in it and no
+        other cache uses it (``dir`` is then as before, as in pfio); in a forked or
+        spawned worker ``close`` removes nothing."""
         if not self.closed:
             self.closed = True
+            self._bind()
             self._cache.close()
+            if self._use is not None:
+                self._use.release()
 
     def __enter__(self) -> _PfioCache:
         return self
@@ -290,10 +452,7 @@ class MultiprocessFileCache(_PfioCache):
 
     def close(self) -> None:
         """Release the cache; in a worker only that worker's descriptors (the files stay for the others)."""
-        if os.getpid() == self._master_pid:
-            super().close()
-        else:
-            self._cache.close()
+        super().close()
 
     def __enter__(self) -> MultiprocessFileCache:
         return self
