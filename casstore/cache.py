@@ -49,6 +49,7 @@ import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, TypedDict, Union, cast
+from zlib import crc32 as _crc32  # tables and footers at open, format-1 records (docs: "Dependencies")
 
 import blake3
 from xxhash import xxh3_64_intdigest as _xxh3
@@ -76,12 +77,6 @@ from .manifests.model import Entry, encode_manifest
 from .objects import LocalObjects
 from .objects.reader import open_object_file
 from .refs import validate_name
-
-_crc32: Callable[[Any], int]
-try:  # ISA-L's CRC-32 (same polynomial and values as zlib's): ~4x faster here (PCLMUL)
-    from isal.isal_zlib import crc32 as _crc32
-except ImportError:  # pragma: no cover - isal has wheels for the usual platforms
-    from zlib import crc32 as _crc32
 
 if TYPE_CHECKING:
     import numpy as np  # imported where needed: ``import casstore`` stays numpy-free
