@@ -25,6 +25,8 @@ from .errors import (
     InvalidInputError,
     InvalidTypeError,
     LockTimeout,
+    ManifestNotFoundError,
+    NameExistsError,
     NetworkTimeout,
     ObjectNotFoundError,
     ReadOnlyError,
@@ -32,7 +34,7 @@ from .errors import (
     StoreFormatError,
 )
 from .maintenance import GCPlan, GCResult, LimitResult, NameUsage, Usage, VerifyReport
-from .manifests import Diff, EditTransaction, Entry, Manifest, ManifestEditor, MetaDiff
+from .manifests import Diff, EditTransaction, Entry, Manifest, ManifestEditor, MetaDiff, NameInfo
 from .objects import LocalObjects, ObjectInfo, ObjectStore
 from .objects.s3 import S3Objects
 from .refs import LocalRefs, Ref, RefStore
@@ -63,6 +65,7 @@ __all__ = [
     "EditTransaction",
     "Diff",
     "MetaDiff",
+    "NameInfo",
     "IndexCache",
     "Remote",
     "TransferReport",
@@ -75,6 +78,8 @@ __all__ = [
     "errors",
     "CasstoreError",
     "ObjectNotFoundError",
+    "ManifestNotFoundError",
+    "NameExistsError",
     "InvalidDigestError",
     "AmbiguousDigestError",
     "InvalidInputError",

@@ -13,6 +13,8 @@ import errno
 __all__ = [
     "CasstoreError",
     "ObjectNotFoundError",
+    "ManifestNotFoundError",
+    "NameExistsError",
     "InvalidDigestError",
     "AmbiguousDigestError",
     "InvalidInputError",
@@ -37,6 +39,17 @@ class CasstoreError(Exception):
 
 class ObjectNotFoundError(CasstoreError, LookupError):
     """No object (or name) exists under the digest or name asked for."""
+
+
+class ManifestNotFoundError(ObjectNotFoundError):
+    """No head or pin has the name asked for, or no version of it matches ``NAME~N`` / ``NAME@<hex>``.
+
+    Also an :class:`ObjectNotFoundError` (and a ``LookupError``), which missing names raised before.
+    """
+
+
+class NameExistsError(CasstoreError, FileExistsError):
+    """A name that must not exist does (``rename`` onto an existing head or pin without ``force``)."""
 
 
 class InvalidDigestError(CasstoreError, ValueError):

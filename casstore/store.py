@@ -26,12 +26,14 @@ from .maintenance import GCPlan, LimitResult, Usage, VerifyReport, plan_gc, plan
 from .maintenance import limit as limit_store
 from .maintenance import usage as store_usage
 from .maintenance import verify as verify_store
-from .manifests import Diff, EditTransaction, Manifest, read_manifest
+from .manifests import Diff, EditTransaction, Manifest, NameInfo, list_names, read_manifest
 from .manifests import checkout as checkout_version
 from .manifests import diff as diff_versions
 from .manifests import freeze as freeze_head
 from .manifests import history as manifest_history
 from .manifests import pin as pin_version
+from .manifests import remove as remove_name
+from .manifests import rename as rename_name
 from .manifests import unpin as unpin_name
 from .objects import LocalObjects, ObjectInfo
 from .objects.base import Buffer
@@ -264,7 +266,8 @@ class Store:
         return EditTransaction(self, name, timeout=timeout, allow_missing=allow_missing)
 
     def manifest(self, target: DigestLike) -> Manifest:
-        """Lock-free read of a name's current version (pins first), or a version by digest."""
+        """Lock-free read of a name's current version (pins first), or a version: by digest,
+        ``NAME~N`` (N versions back) or ``NAME@<hex prefix>``."""
         return read_manifest(self, target)
 
     def history(self, target: DigestLike, limit: Optional[int] = None) -> List[Manifest]:
@@ -288,12 +291,35 @@ class Store:
         """Remove a pin's name; its objects are collected later by GC if nothing else holds them."""
         return unpin_name(self, name, timeout=timeout)
 
+    def remove(self, name: str, *, force: bool = False, timeout: Optional[float] = 600.0) -> Digest:
+        """Delete head ``name`` (a pin needs ``force=True`` or :meth:`unpin`); return the version it named.
+
+        Its versions become unreferenced: gc collects them once older than its
+        grace period; until then ``store.pin(NEW, digest)`` brings one back.
+        A missing name raises :class:`ManifestNotFoundError`.  See docs/manifests.md.
+        """
+        return remove_name(self, name, force=force, timeout=timeout)
+
+    def rename(self, old: str, new: str, *, force: bool = False, timeout: Optional[float] = 600.0) -> Digest:
+        """Rename head ``old`` to ``new`` with its history (one atomic rename); return its version.
+
+        An existing ``new`` (:class:`NameExistsError`) or a pin ``old``
+        (:class:`FrozenError`) needs ``force=True``.
+        """
+        return rename_name(self, old, new, force=force, timeout=timeout)
+
+    def names(self, *, include_internal: bool = False) -> List[NameInfo]:
+        """Every head and pin (:class:`NameInfo`), sorted; internal records (``_fetch/...``,
+        shown with their URL) only with ``include_internal=True``."""
+        return list_names(self, include_internal=include_internal)
+
     def pins(self) -> Dict[str, Digest]:
-        """Every pin: name -> frozen manifest digest."""
+        """Every pin: name -> frozen manifest digest (internal ones included; see :meth:`names`)."""
         return self.refs.list("pins")
 
     def heads(self) -> Dict[str, Digest]:
-        """Every head: name -> current manifest version digest."""
+        """Every head: name -> current manifest version digest (internal ``_fetch/...`` ones included;
+        see :meth:`names`)."""
         return self.refs.list("heads")
 
     def diff(self, a: Union[DigestLike, Manifest], b: Union[DigestLike, Manifest]) -> Diff:

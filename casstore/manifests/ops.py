@@ -14,14 +14,21 @@ before the ref moves, and every object it names exists when a ref lands on it;
 (3) refs move only by atomic rename, readers take no lock; (5) a frozen
 manifest or pin never changes.
 
-Lock order: the name's lock (``store.refs.lock(name)``, heads and pins alike)
-FIRST, then the store's GC lock shared (``_gclock.commit_lock``) while objects
-are checked and the ref lands, so gc cannot delete between the check and the
-ref (docs/maintenance.md).  gc takes no name lock, so the two never deadlock.
+Lock order: the name's lock (``store.refs.lock(name)``, heads and pins alike;
+``rename`` takes two, in sorted name order) FIRST, then the store's GC lock
+shared (``_gclock.commit_lock``) while objects are checked and the ref lands,
+so gc cannot delete between the check and the ref (docs/maintenance.md).
+gc takes no name lock, so the two never deadlock.
 
 Every version read goes through :func:`casstore.manifests.model.load_manifest`
 (a verified read and THE decoder): a hostile or damaged version is refused
 with StoreFormatError or IntegrityError before anything uses one of its keys.
+Versions are addressable wherever a name is read (:func:`resolve_target`):
+``NAME~N`` (N versions back along the parent chain) and ``NAME@<hex prefix>``
+(a version of that name's history).  A name that exists literally wins, so
+heads made before this syntax with ``~`` or ``@`` in them keep working; new
+names may not contain either (:func:`check_new_name`).
+
 Crash points for tests: ``manifest.before_object``, ``manifest.after_object``
 (the version exists, the ref has not moved), ``manifest.after_ref``.
 """
@@ -29,6 +36,8 @@ Crash points for tests: ``manifest.before_object``, ``manifest.after_object``
 from __future__ import annotations
 
 import bisect
+import re
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, MutableMapping, Optional, Tuple, Type, Union
@@ -39,9 +48,18 @@ from .._faults import fault
 from .._gclock import commit_lock
 from .._lock import DEFAULT_TIMEOUT
 from ..digest import Digest
-from ..errors import FrozenError, InvalidInputError, InvalidTypeError, ObjectNotFoundError
+from ..errors import (
+    AmbiguousDigestError,
+    CasstoreError,
+    FrozenError,
+    InvalidInputError,
+    InvalidTypeError,
+    ManifestNotFoundError,
+    NameExistsError,
+    ObjectNotFoundError,
+)
 from ..refs import validate_name
-from .model import Entry, EntryMap, ManifestDoc, canonical_map, load_manifest, put_version, validate_key
+from .model import Entry, EntryMap, ManifestDoc, canonical_map, load_manifest, put_version, read_parent, validate_key
 from .provenance import derive_params, input_labels
 
 if TYPE_CHECKING:
@@ -56,7 +74,14 @@ __all__ = [
     "meta_diff",
     "same_meta",
     "resolve_target",
+    "check_new_name",
     "read_manifest",
+    "remove",
+    "rename",
+    "NameInfo",
+    "list_names",
+    "is_internal",
+    "public_url",
     "history",
     "freeze",
     "pin",
@@ -70,6 +95,20 @@ Target = Union[str, Digest]
 def _name(name: object) -> str:
     """A head or pin name (:func:`casstore.refs.validate_name`: the key rules, and no ':')."""
     return validate_name(name)
+
+
+def check_new_name(name: str) -> str:
+    """Refuse ``~`` and ``@`` in a name about to be created: they address versions (``NAME~N``,
+    ``NAME@<hex>``), so such a name could be misread.  Existing names keep working (a literal name wins)."""
+    for c in "~@":
+        if c in name:
+            base = name[:max(name.rfind("~"), name.rfind("@"))] or "NAME"
+            raise InvalidInputError(
+                f"invalid new name {name!r:.200}: {c!r} addresses a version ({base}~N, {base}@<hex>) and "
+                "cannot be part of a new name; a version is read-only: edit the name itself, "
+                "or pin the version under a new name"
+            )
+    return name
 
 
 def _timeout(timeout: object) -> Optional[float]:
@@ -304,6 +343,8 @@ class EditTransaction:
                     f"edit a new name, e.g. store.edit({self._name + '-v2'!r})"
                 )
             head = refs.get("heads", self._name)
+            if head is None:
+                check_new_name(self._name)
             base = _load(self._store, head, name=self._name) if head is not None else None
             self.editor = ManifestEditor(self._store, self._name, base, self._allow_missing)
             return self.editor
@@ -342,11 +383,112 @@ def _is_digest_ref(target: object) -> bool:
     return isinstance(target, Digest) or (isinstance(target, str) and target.startswith("blake3:"))
 
 
-def resolve_target(store: Store, target: Target) -> Tuple[Digest, Optional[str], bool]:
-    """Name or digest -> (version digest, name, frozen?).  Pins win over heads.
+def _resolve_name(store: Store, name: str) -> Optional[Tuple[Digest, bool]]:
+    """(digest, frozen?) of a plain name, pins first; ``None`` if there is no such name."""
+    refs = store.refs
+    pin_d = refs.get("pins", name)
+    if pin_d is not None:
+        return pin_d, True
+    head = refs.get("heads", name)
+    if head is not None:
+        return head, False
+    # freeze() writes the pin, then removes the head: a reader that looked for the pin
+    # just before a freeze and for the head just after it must find the new pin.
+    pin_d = refs.get("pins", name)
+    if pin_d is not None:
+        return pin_d, True
+    return None
 
-    A ``"blake3:..."`` string (or a unique prefix of one) is a version digest;
-    anything else is a name.
+
+_MAX_BACK_DIGITS = 18
+"""``NAME~N`` with more digits than this is farther back than any history (and int() of a
+4,000-digit string is quadratic): it is refused before parsing."""
+_HEX = frozenset("0123456789abcdef")
+
+
+def _version_problem(op: str, arg: str) -> Optional[str]:
+    """Why ``op + arg`` (``~N`` or ``@HEX``) is not a version suffix, or ``None``."""
+    shown = (op + arg)[:24] + ("..." if len(arg) > 23 else "")
+    if op == "~":
+        if not arg:
+            return "'~' needs a number of versions back (NAME~N, N >= 0)"
+        if not (arg.isascii() and arg.isdigit()):
+            return f"{shown!r} is not a whole number of versions back (NAME~N, N >= 0)"
+        if len(arg) > _MAX_BACK_DIGITS:
+            return f"{shown!r} is farther back than any history"
+        return None
+    hexpart = arg[len("blake3:"):] if arg.startswith("blake3:") else arg
+    if not hexpart:
+        return "'@' needs a digest prefix (NAME@<hex>, e.g. from `casstore log NAME`)"
+    if len(hexpart) > 64 or not set(hexpart.lower()) <= _HEX:
+        return f"{shown!r} is not a digest prefix (NAME@<hex>: 1 to 64 hex digits)"
+    return None
+
+
+def _split_version(target: str) -> Optional[Tuple[str, str, str]]:
+    """``(name, "~" | "@", suffix)`` split at the last ``~`` or ``@``, or ``None`` if there is neither."""
+    i = max(target.rfind("~"), target.rfind("@"))
+    if i < 0:
+        return None
+    return target[:i], target[i], target[i + 1:]
+
+
+def _parent(store: Store, d: Digest) -> Optional[Digest]:
+    """The parent link of version ``d`` (read verified, not decoded); ``None`` at the first
+    version, or where older versions were collected by gc."""
+    try:
+        data = store.objects.read(d, verify=True)
+    except ObjectNotFoundError:
+        return None
+    return read_parent(data)
+
+
+def _version_of(store: Store, name: str, head: Digest, op: str, arg: str, target: str) -> Digest:
+    """The version of ``name`` (current version ``head``) that ``~N`` / ``@HEX`` addresses."""
+    if op == "~":
+        n = int(arg)
+        cur = head
+        for i in range(n):
+            p = _parent(store, cur)
+            if p is None:
+                raise ManifestNotFoundError(
+                    f"{target!r:.200}: {name!r} has {i + 1} version(s) in this store ({name}~0 .. {name}~{i}; "
+                    f"older ones were never made or were collected by gc); see `casstore log {name}`"
+                )
+            cur = p
+        return cur
+    prefix = arg[len("blake3:"):].lower() if arg.startswith("blake3:") else arg.lower()
+    found: List[Digest] = []
+    seen = set()
+    walk: Optional[Digest] = head
+    while walk is not None and walk not in seen:  # a digest cannot repeat in a real chain; a hostile one ends here
+        seen.add(walk)
+        if walk.hex.startswith(prefix):
+            found.append(walk)
+            if len(found) > 1:
+                raise AmbiguousDigestError(
+                    f"{target!r:.200}: several versions of {name!r} start with {prefix} "
+                    f"({found[0].short()}, {found[1].short()}, ...); give more hex digits"
+                )
+        walk = _parent(store, walk)
+    if not found:
+        raise ManifestNotFoundError(
+            f"{target!r:.200}: no version of {name!r} in this store has a digest starting with {prefix} "
+            f"({len(seen)} version(s) checked); see `casstore log {name}`"
+        )
+    return found[0]
+
+
+def resolve_target(store: Store, target: Target) -> Tuple[Digest, Optional[str], bool]:
+    """Name, version or digest -> (version digest, name, frozen?).  Pins win over heads.
+
+    A ``"blake3:..."`` string (or a unique prefix of one) is a version digest.
+    ``NAME~N`` is the version N steps back along NAME's parent chain
+    (``NAME~0`` is ``NAME``), ``NAME@<hex>`` the version of NAME's history
+    whose digest starts with those hex digits (:class:`AmbiguousDigestError`
+    when several do); both are frozen (a version never changes).  A name that
+    exists literally wins over that reading.  Anything else is a name;
+    :class:`ManifestNotFoundError` when none matches.
     """
     if isinstance(target, Digest):
         return target, None, True
@@ -354,22 +496,40 @@ def resolve_target(store: Store, target: Target) -> Tuple[Digest, Optional[str],
         raise InvalidTypeError(f"a manifest is named by a str or a Digest, not {type(target).__name__}")
     if _is_digest_ref(target):
         return store.objects.resolve(target), None, True
-    name = _name(target)
-    refs = store.refs
-    pin_d = refs.get("pins", name)
-    if pin_d is not None:
-        return pin_d, name, True
-    head = refs.get("heads", name)
-    if head is not None:
-        return head, name, False
-    # freeze() writes the pin, then removes the head: a reader that looked for the pin
-    # just before a freeze and for the head just after it must find the new pin.
-    pin_d = refs.get("pins", name)
-    if pin_d is not None:
-        return pin_d, name, True
-    raise ObjectNotFoundError(
-        f"no manifest named {name!r} in the store at {store.root}; see `casstore pins` and `casstore log`"
-    )
+    literal: Optional[InvalidInputError] = None
+    try:
+        name = _name(target)
+    except InvalidInputError as e:
+        literal = e
+    else:
+        hit = _resolve_name(store, name)
+        if hit is not None:
+            return hit[0], name, hit[1]
+    missing = f"no manifest named {target!r:.200} in the store at {store.root}; see `casstore ls` and `casstore log`"
+    split = _split_version(target)
+    if split is None:
+        if literal is not None:
+            raise literal
+        raise ManifestNotFoundError(missing)
+    base, op, arg = split
+    problem = _version_problem(op, arg)
+    try:
+        base = _name(base)
+    except InvalidInputError:
+        problem = problem or f"{base!r:.200} is not a valid name"
+    if problem is not None:
+        if literal is not None:  # not a name, not a version: malformed input
+            raise InvalidInputError(f"invalid name or version {target!r:.200}: {problem}") from None
+        raise ManifestNotFoundError(f"{missing}; read as a version: {problem}")
+    hit = _resolve_name(store, base)
+    if hit is None:
+        raise ManifestNotFoundError(
+            f"no manifest named {base!r:.200} (asked for version {target!r:.200}) in the store at {store.root}; "
+            "see `casstore ls`"
+        )
+    if op == "~" and int(arg) == 0:
+        return hit[0], base, hit[1]  # NAME~0 is NAME
+    return _version_of(store, base, hit[0], op, arg, target), base, True
 
 
 def read_manifest(store: Store, target: Target) -> Manifest:
@@ -414,7 +574,7 @@ def freeze(store: Store, name: str, *, timeout: Optional[float] = DEFAULT_TIMEOU
         if head is None:
             if pin_d is not None:
                 return pin_d
-            raise ObjectNotFoundError(f"no manifest named {name!r} to freeze")
+            raise ManifestNotFoundError(f"no manifest named {name!r} to freeze")
         if pin_d is None:
             _load(store, head, name=name)
             # Pin first, then drop the head: a crash in between leaves both,
@@ -453,6 +613,8 @@ def pin(store: Store, name: str, target: Target, *, force: bool = False,
         if refs.get("heads", name) is not None:
             raise InvalidInputError(f"{name!r} is a head (editable manifest); use store.freeze({name!r}) instead")
         old = refs.get("pins", name)
+        if old is None:
+            check_new_name(name)
         if old is not None and old != d and not force:
             raise FrozenError(f"pin {name!r} already points to {old}; pass force=True to move it to {d}")
         if old != d:
@@ -467,9 +629,162 @@ def unpin(store: Store, name: str, *, timeout: Optional[float] = DEFAULT_TIMEOUT
     with refs.lock(name, timeout=_timeout(timeout), what=f"pin {name!r}"):
         d = refs.get("pins", name)
         if d is None:
-            raise ObjectNotFoundError(f"no pin named {name!r}")
+            raise ManifestNotFoundError(f"no pin named {name!r}")
         refs.remove("pins", name)
         return d
+
+
+def remove(store: Store, name: str, *, force: bool = False,
+           timeout: Optional[float] = DEFAULT_TIMEOUT) -> Digest:
+    """Delete name ``name`` (a head; a pin only with ``force``); return the version it named.
+
+    Only the name goes: its versions stay as unreferenced objects, and the next
+    gc collects them once they are older than its grace period (like any
+    unreferenced object; ``keep_history`` counts versions behind *existing*
+    heads only).  Until then ``store.pin(NEW, digest)`` brings the version back.
+    Serialized with edits on the name's lock: an edit either commits before the
+    removal (and is removed with the head) or starts after it, as the first
+    version of a fresh head.
+    """
+    name = _name(name)
+    force = _flag(force, "force")
+    refs = store.refs
+    with refs.lock(name, timeout=_timeout(timeout), what=f"manifest {name!r}"):
+        pin_d, head = refs.get("pins", name), refs.get("heads", name)
+        if pin_d is None and head is None:
+            raise ManifestNotFoundError(f"no head or pin named {name!r} to remove in the store at {store.root}")
+        if pin_d is not None and not force:
+            raise FrozenError(
+                f"{name!r} is a pin (frozen); remove it with force=True (CLI: --force), "
+                f"or unpin it first (store.unpin({name!r}) / `casstore unpin {name}`)"
+            )
+        if head is not None:
+            refs.remove("heads", name)  # the head first: a crash leaves the pin, which readers already prefer
+        if pin_d is not None:
+            refs.remove("pins", name)
+        d = pin_d if pin_d is not None else head
+        assert d is not None
+        return d
+
+
+def rename(store: Store, old: str, new: str, *, force: bool = False,
+           timeout: Optional[float] = DEFAULT_TIMEOUT) -> Digest:
+    """Give head (or, with ``force``, pin) ``old`` the name ``new``, history and all; return its version.
+
+    Each ref moves by one ``rename(2)``: a lock-free reader sees the name under
+    ``old`` or under ``new``.  An existing ``new`` (head or pin) is refused with
+    :class:`NameExistsError` unless ``force``, which replaces it: the moved ref
+    lands first and what else ``new`` had is removed after, so a reader of
+    ``new`` sees its old version, then the moved one, and never nothing.  Both
+    names' locks are held (in sorted order), and the store's GC lock shared, so
+    a gc never sees the name under neither.
+    """
+    old, new = _name(old), _name(new)
+    force = _flag(force, "force")
+    if old == new:
+        raise InvalidInputError(f"rename {old!r} to itself: give another new name")
+    check_new_name(new)
+    timeout = _timeout(timeout)
+    refs = store.refs
+    with ExitStack() as stack:
+        for n in sorted((old, new)):
+            stack.enter_context(refs.lock(n, timeout=timeout, what=f"manifest {n!r}"))
+        stack.enter_context(commit_lock(store, timeout=timeout))
+        src = {k: refs.get(k, old) for k in ("pins", "heads")}
+        dst = {k: refs.get(k, new) for k in ("pins", "heads")}
+        if src["pins"] is None and src["heads"] is None:
+            raise ManifestNotFoundError(f"no head or pin named {old!r} to rename in the store at {store.root}")
+        if src["pins"] is not None and not force:
+            raise FrozenError(
+                f"{old!r} is a pin (frozen); rename it with force=True (CLI: --force), "
+                f"or unpin it first (store.unpin({old!r}) / `casstore unpin {old}`)"
+            )
+        if (dst["pins"] is not None or dst["heads"] is not None) and not force:
+            what = "a pin" if dst["pins"] is not None else "a head"
+            raise NameExistsError(
+                f"{new!r} already exists ({what}); replace it with force=True (CLI: --force), "
+                "or choose another name"
+            )
+        for kind in ("pins", "heads"):  # moves first, removals after: a reader of `new` never finds nothing
+            if src[kind] is not None:
+                refs.rename(kind, old, new)
+        for kind in ("heads", "pins"):
+            if src[kind] is None and dst[kind] is not None:
+                refs.remove(kind, new)
+        d = src["pins"] if src["pins"] is not None else src["heads"]
+        assert d is not None
+        return d
+
+
+def _flag(value: object, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidTypeError(f"{what} must be True or False, not {type(value).__name__}")
+    return value
+
+
+INTERNAL_PREFIX = "_"
+"""Names starting with this are internal records (``_fetch/...``): hidden from listings unless asked."""
+
+
+def is_internal(name: str) -> bool:
+    """Whether ``name`` is an internal record (``_fetch/...``), hidden from listings by default."""
+    return name.startswith(INTERNAL_PREFIX)
+
+
+_AUTHORITY = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:)?//([^/]*)(.*)$", re.DOTALL)
+
+
+def public_url(url: str) -> str:
+    """``url`` without user info (``user:token@``), query string and fragment: safe to print.
+
+    Never raises, on any string (fetch records are stored data, possibly hostile).
+    """
+    s = url.split("#", 1)[0].split("?", 1)[0]
+    m = _AUTHORITY.match(s)
+    if m is None:
+        return s
+    return f"{m.group(1) or ''}//{m.group(2).rpartition('@')[2]}{m.group(3)}"
+
+
+@dataclass(frozen=True, slots=True)
+class NameInfo:
+    """One name as listed by ``store.names()``."""
+
+    name: str
+    kind: str
+    """``"head"`` (editable) or ``"pin"`` (frozen)."""
+    digest: Digest
+    """The version it names (a pin's, where a crash left both a head and a pin)."""
+    internal: bool
+    """An internal record (``_fetch/...``): listed only with ``include_internal=True``."""
+    url: Optional[str] = None
+    """For a fetch record: the URL it downloaded, without user info, query or fragment."""
+
+
+def _record_url(store: Store, d: Digest) -> Optional[str]:
+    try:
+        meta = load_manifest(store.objects, d).meta
+    except (CasstoreError, OSError):  # a listing never fails on one damaged or collected record
+        return None
+    url = meta.get("url")
+    return public_url(url) if meta.get("kind") == "casstore.fetch" and isinstance(url, str) else None
+
+
+def list_names(store: Store, *, include_internal: bool = False) -> List[NameInfo]:
+    """Every head and pin, sorted by name; internal records (``_fetch/...``) only if asked.
+
+    Internal ones are shown with their URL (read from their metadata).
+    """
+    include_internal = _flag(include_internal, "include_internal")
+    pins, heads = store.refs.list("pins"), store.refs.list("heads")
+    out: List[NameInfo] = []
+    for name in sorted(set(pins) | set(heads)):
+        internal = is_internal(name)
+        if internal and not include_internal:
+            continue
+        kind, d = ("pin", pins[name]) if name in pins else ("head", heads[name])
+        out.append(NameInfo(name, kind, d, internal, _record_url(store, d) if internal else None))
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,6 +143,31 @@ def _remove_ref(root: Path, kind: str, name: str, *, durable: bool = True) -> bo
     return True
 
 
+def _rename_ref(root: Path, kind: str, old: str, new: str, *, durable: bool = True) -> bool:
+    """Move a ref file to another name by one rename (replacing a ref there); ``False`` if ``old`` did not exist.
+
+    One ``rename(2)``: a lock-free reader sees ``old`` or ``new``, never both and never half a file.
+    """
+    src, dst = _ref_path(root, kind, old), _ref_path(root, kind, new)
+    if dst.is_dir():
+        raise InvalidInputError(f"name {new!r} is a prefix of other names ({dst} is a directory); choose another")
+    try:
+        makedirs(dst.parent, durable)
+    except (FileExistsError, NotADirectoryError):
+        raise InvalidInputError(
+            f"name {new!r} conflicts with an existing name that is a prefix of it; choose another"
+        ) from None
+    try:
+        os.rename(src, dst)
+    except FileNotFoundError:
+        return False
+    if durable:
+        fsync_dir(dst.parent)  # the new entry first: a power loss may keep both names, never neither
+        if src.parent != dst.parent:
+            fsync_dir(src.parent)
+    return True
+
+
 class LocalRefs(RefStore):
     """Heads and pins as files under ``<root>/refs``; compare-and-swap under the name's lock."""
 
@@ -174,6 +199,11 @@ class LocalRefs(RefStore):
     def remove(self, kind: str, name: str) -> bool:
         """Remove a ref (the caller holds :meth:`lock`); ``False`` if it did not exist."""
         return _remove_ref(self.root, _kind(kind), validate_name(name), durable=self.durable)
+
+    def rename(self, kind: str, old: str, new: str) -> bool:
+        """Move ref ``old`` to ``new`` by one atomic rename (the caller holds both names' locks);
+        ``False`` if ``old`` did not exist.  A ref already at ``new`` is replaced."""
+        return _rename_ref(self.root, _kind(kind), validate_name(old), validate_name(new), durable=self.durable)
 
     def compare_and_swap(self, kind: str, name: str, new: Optional[Digest], expected: Optional[Ref], *,
                          timeout: Optional[float] = DEFAULT_TIMEOUT) -> bool:
