@@ -357,8 +357,12 @@ T = TypeVar("T")
 # Helper threads are kept and reused: starting a thread cost ~190 us here (a
 # firecracker VM), as much as reading a 1 MiB array, while handing work to an
 # idle one costs a single wake-up.  At most _IDLE_MAX stay parked (blocked,
-# no CPU) between calls; any beyond that (concurrent callers) exit when done.
+# no CPU) between calls, for at most _IDLE_SECONDS; any beyond that
+# (concurrent callers) exit when done.
 _IDLE_MAX = 2
+# A parked helper exits after this long unused, so a process that stopped
+# reading (a DataLoader about to fork its workers) keeps no extra threads.
+_IDLE_SECONDS = 5.0
 _pool_lock = threading.Lock()
 _idle: List[_Worker] = []
 
@@ -389,7 +393,14 @@ class _Worker:
 
     def _run(self) -> None:
         while True:
-            job, done = self._jobs.get()
+            try:
+                job, done = self._jobs.get(timeout=_IDLE_SECONDS)
+            except queue.Empty:
+                with _pool_lock:
+                    if self in _idle:  # nobody took this thread meanwhile: exit
+                        _idle.remove(self)
+                        return
+                continue  # taken just now: its job is on the way
             job()
             # Park before signalling: a caller that starts new work right after
             # join() then finds this thread idle instead of starting another.

@@ -359,3 +359,26 @@ def test_get_large_fills_fresh_bytes(store: casstore.Store) -> None:
     view[:] = b"\x07" * len(view)
     view.release()
     assert b == b"\x07" * (10 * MiB)
+
+
+def test_parked_helpers_exit_when_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    import casstore._fs as fs
+
+    for _ in range(3):  # let the helpers parked with the long timeout run out of work first
+        run_beside(lambda: None).join()
+    monkeypatch.setattr(fs, "_IDLE_SECONDS", 0.05)
+    before = threading.active_count() - helper_threads()
+    # New helpers pick up the short timeout; the old ones keep waiting on theirs,
+    # so hand work to all of them until each has re-parked with the new value.
+    for _ in range(4):
+        a = run_beside(lambda: None)
+        b = run_beside(lambda: None)
+        a.join()
+        b.join()
+    deadline = 10.0
+    while helper_threads() and deadline > 0:
+        threading.Event().wait(0.05)
+        deadline -= 0.05
+    assert helper_threads() == 0
+    assert threading.active_count() <= before
+    assert run_beside(lambda: 3).join() == 3  # and a new one starts on demand
