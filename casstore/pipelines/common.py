@@ -14,7 +14,9 @@ from __future__ import annotations
 import fnmatch
 import math
 import os
+import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Tuple, Union
 
 from .._fs import process_token
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["check_seconds", "check_flag", "check_count", "lock_seconds", "write_head", "refuse_pinned",
            "Scope", "check_scope", "in_scope", "process_started", "fresh_for_job", "producer", "HEARTBEAT",
-           "beat_every"]
+           "beat_every", "TreeFlusher"]
 
 HEARTBEAT = BEAT_EVERY
 """Longest interval between the heartbeats of a fetch/derive holding its name's lock (``_lock.py``)."""
@@ -175,3 +177,61 @@ def write_head(store: Store, name: str, entries: Mapping[str, Entry], meta: Mapp
         d = put_version(store.objects, doc)
         store.refs.write("heads", name, d)
     return Manifest(d, doc, name=name)
+
+
+class TreeFlusher:
+    """While ``fn`` writes its outputs, start their write-back early: a durable store fsyncs each output
+    before it is named, and an fsync of 170 MB that starts only when ``fn`` returns costs ~0.3 s here.
+
+    A daemon thread looks at the regular files under ``root`` every ``every``
+    seconds and calls ``fdatasync`` on each one that grew by ``step`` bytes since its
+    last flush, so the disk writes while ``fn`` computes and the final fsync
+    finds little left.  Best effort: any error (a file renamed or removed
+    meanwhile, a symbolic link) is ignored; correctness never depends on it.
+    """
+
+    def __init__(self, root: Path, *, every: float = 0.25, step: int = 16 << 20, max_files: int = 256) -> None:
+        self.root = root
+        self._every = every
+        self._step = step
+        self._max_files = max_files
+        self._flushed: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="casstore-derive-flush", daemon=True)
+        self._thread.start()
+
+    def _files(self) -> list[os.DirEntry[str]]:
+        out: list[os.DirEntry[str]] = []
+        stack = [str(self.root)]
+        while stack and len(out) < self._max_files:
+            try:
+                with os.scandir(stack.pop()) as it:
+                    for e in it:
+                        if e.is_dir(follow_symlinks=False):
+                            stack.append(e.path)
+                        elif e.is_file(follow_symlinks=False):
+                            out.append(e)
+            except OSError:
+                continue
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            for e in self._files():
+                try:
+                    size = e.stat(follow_symlinks=False).st_size
+                    if size - self._flushed.get(e.path, 0) < self._step:
+                        continue
+                    fd = os.open(e.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+                    try:
+                        os.fdatasync(fd)
+                    finally:
+                        os.close(fd)
+                    self._flushed[e.path] = size
+                except OSError:
+                    continue
+
+    def stop(self) -> None:
+        """Stop looking (returns once the thread is done)."""
+        self._stop.set()
+        self._thread.join()

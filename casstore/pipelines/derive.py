@@ -83,6 +83,7 @@ from ..manifests import Entry, Manifest, canonical_meta, load_manifest, validate
 from ..refs import validate_name
 from .common import (
     Scope,
+    TreeFlusher,
     beat_every,
     check_scope,
     fresh_for_job,
@@ -389,7 +390,12 @@ def _run_derive(store: Store, name: str, key: str, keyed: Mapping[str, InputKey]
         out_dir = work / "out"
         started = time.time()
         t0 = time.monotonic()
-        fn(dict(paths), out_dir)
+        flusher = TreeFlusher(out_dir) if store.objects.durable else None
+        try:
+            fn(dict(paths), out_dir)
+        finally:
+            if flusher is not None:
+                flusher.stop()
         seconds = time.monotonic() - t0
         outputs = _collect(store, name, out_dir, compress)
         record: Dict[str, object] = {
