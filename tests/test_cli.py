@@ -492,3 +492,116 @@ def test_get_output_keeps_devices_pipes_and_links(tmp_path: Path) -> None:
     r = _sh(tmp_path, f">>{tmp_path / 'log'}", "--store", store, "get", str(d), "-o", "/dev/stdout")
     assert r.returncode == 0, r.stderr.decode()
     assert (tmp_path / "log").read_bytes() == b"header\n" + data
+
+
+# -- name lifecycle and version addressing (issue 12): rm, mv, NAME~N / NAME@HEX, ls --names --all --
+
+
+def _main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """Run the CLI in this process (fast); returns (exit code, stdout, stderr)."""
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _cli_error(capsys: pytest.CaptureFixture[str], kind: str, *args: str) -> str:
+    rc, out, err = _main(capsys, *args)
+    assert rc == 1 and out == "" and err.count("\n") == 1 and err.rstrip().endswith(f"[{kind}]"), (rc, out, err)
+    assert "force=True" not in err and "store." not in err  # the CLI speaks flags, not Python keywords
+    return err
+
+
+def test_rm_and_mv_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(tmp_path / "s")
+    s = casstore.open(store)
+    with s.edit("exp") as m:
+        m["k"] = s.put(b"v1")
+    with s.edit("exp") as m:
+        m["k"] = s.put(b"v2")
+    first, head = [v.digest for v in s.history("exp")][::-1]
+    rc, out, _ = _main(capsys, "--store", store, "mv", "exp", "team/exp")
+    assert rc == 0 and "team/exp" in out and s.heads() == {"team/exp": head}
+    assert s.manifest("team/exp~1").digest == first
+    with s.edit("other") as m:
+        m["k"] = s.put(b"o")
+    err = _cli_error(capsys, "NameExistsError", "--store", store, "mv", "team/exp", "other")
+    assert "--force" in err
+    rc, out, _ = _main(capsys, "--store", store, "mv", "--force", "team/exp", "other")
+    assert rc == 0 and s.heads() == {"other": head}
+
+    s.freeze("other")
+    for args in (("rm", "other"), ("mv", "other", "x")):
+        err = _cli_error(capsys, "FrozenError", "--store", store, *args)
+        assert "--force" in err and "casstore unpin other" in err
+    rc, out, _ = _main(capsys, "--store", store, "rm", "--force", "other")
+    assert rc == 0 and f"was {head}" in out and s.pins() == {} and s.heads() == {}
+    _cli_error(capsys, "ManifestNotFoundError", "--store", store, "rm", "other")
+    _cli_error(capsys, "InvalidInputError", "--store", store, "mv", "nothing", "bad~1")
+    # the removed name's versions stay until gc: the printed digest brings one back
+    rc, out, _ = _main(capsys, "--store", store, "pin", "back", str(head))
+    assert rc == 0 and s.pins() == {"back": head}
+    # pin's own refusal also names the flag
+    assert "--force" in _cli_error(capsys, "FrozenError", "--store", store, "pin", "back", str(first))
+    # one line, no traceback, from a real process too
+    _one_line_error(cli(tmp_path, "--store", store, "rm", "back"), "FrozenError")
+
+
+def test_versions_are_accepted_by_show_diff_checkout_log_and_pin(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(tmp_path / "s")
+    s = casstore.open(store)
+    for i in range(3):
+        with s.edit("exp") as m:
+            m["k"] = s.put(b"content %d" % i)
+            m.meta["i"] = i
+    vs = [v.digest for v in s.history("exp")]  # newest first: exp~0, exp~1, exp~2
+    rc, out, _ = _main(capsys, "--store", store, "manifest", "show", "--json", "exp~2")
+    assert rc == 0 and json.loads(out)["digest"] == str(vs[2]) and json.loads(out)["meta"] == {"i": 0}
+    rc, out, _ = _main(capsys, "--store", store, "manifest", "show", f"exp@{vs[1].hex[:10]}")
+    assert rc == 0 and out.startswith(f"exp@{vs[1].hex[:10]}  {vs[1]}  [version]")
+    rc, out, _ = _main(capsys, "--store", store, "manifest", "show", "exp~0")
+    assert rc == 0 and f"{vs[0]}  [head]" in out
+    rc, out, _ = _main(capsys, "--store", store, "diff", "--json", "exp~2", "exp")
+    doc = json.loads(out)
+    assert rc == 0 and (doc["a"], doc["b"]) == (str(vs[2]), str(vs[0])) and list(doc["changed"]) == ["k"]
+    rc, out, _ = _main(capsys, "--store", store, "checkout", "exp~1", str(tmp_path / "co"))
+    assert rc == 0 and (tmp_path / "co" / "k").read_bytes() == b"content 1"
+    rc, out, _ = _main(capsys, "--store", store, "log", "exp~1")
+    assert rc == 0 and [ln.split()[0] for ln in out.splitlines()] == [str(vs[1]), str(vs[2])]
+    rc, out, _ = _main(capsys, "--store", store, "pin", "best", f"exp@{vs[2].hex[:12]}")
+    assert rc == 0 and out.strip() == str(vs[2]) and s.pins() == {"best": vs[2]}
+    rc, out, _ = _main(capsys, "--store", store, "manifest", "show", "best")
+    assert rc == 0 and "[pin (frozen)]" in out
+    for bad in ("exp~3", "exp~-1", "exp~x", "exp@", "exp@zz", "exp~" + "9" * 30):
+        _cli_error(capsys, "ManifestNotFoundError", "--store", store, "manifest", "show", bad)
+    _cli_error(capsys, "InvalidInputError", "--store", store, "log", "exp@blake3:zz")
+
+
+def test_ls_names_hides_internal_records_unless_all(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(tmp_path / "s")
+    s = casstore.open(store)
+    d = s.put(b"x")
+    with s.edit("exp") as m:
+        m["k"] = d
+    s.pin("paper", "exp")
+    with s.edit("_fetch/0123") as m:
+        m["k"] = d
+        m.meta.update(kind="casstore.fetch", url="https://alice:s3cret@example.org/data.tar?sig=TOKEN")
+    rc, out, _ = _main(capsys, "--store", store, "ls", "--names")
+    assert rc == 0 and [ln.split() for ln in out.splitlines()] == [
+        ["head", str(s.heads()["exp"]), "exp"], ["pin", str(s.pins()["paper"]), "paper"]]
+    rc, out, _ = _main(capsys, "--store", store, "ls", "--names", "--all")
+    assert rc == 0 and "_fetch/0123  https://example.org/data.tar\n" in out
+    assert "s3cret" not in out and "TOKEN" not in out and "alice" not in out
+    rc, out, _ = _main(capsys, "--store", store, "ls", "--names", "--all", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and [x["name"] for x in doc] == ["_fetch/0123", "exp", "paper"]
+    assert doc[0] == {"name": "_fetch/0123", "kind": "head", "digest": str(s.heads()["_fetch/0123"]),
+                      "internal": True, "url": "https://example.org/data.tar"}
+    rc, out, _ = _main(capsys, "--store", store, "pins", "--heads")
+    assert rc == 0 and "_fetch" not in out and "exp" in out
+    rc, out, _ = _main(capsys, "--store", store, "pins", "--heads", "--all")
+    assert rc == 0 and "_fetch/0123" in out
+    _cli_error(capsys, "InvalidInputError", "--store", store, "ls", "--all")
+    rc, out, _ = _main(capsys, "--store", store, "ls")  # plain ls still lists objects
+    assert rc == 0 and str(d) in out

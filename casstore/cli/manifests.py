@@ -1,5 +1,10 @@
 """Manifest commands: ``manifest show|set|rm``, ``freeze``, ``pin``, ``unpin``, ``pins``, ``diff``,
-``checkout`` and ``log``, all through the :class:`~casstore.Store` facade.
+``checkout``, ``log``, ``rm`` and ``mv``, all through the :class:`~casstore.Store` facade.
+
+Every TARGET that is read (show, diff, checkout, log, pin) may be a version:
+``NAME~N`` (N versions back) or ``NAME@<hex>`` (docs/manifests.md).  Errors
+name CLI flags (``--force``), not the Python keywords the library's own
+messages mention.
 """
 
 from __future__ import annotations
@@ -12,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Tuple
 
 from .._progress import human_bytes
 from ..digest import Digest
-from ..errors import AmbiguousDigestError, InvalidDigestError, ObjectNotFoundError
-from ..manifests import MetaDiff
+from ..errors import AmbiguousDigestError, FrozenError, InvalidDigestError, NameExistsError, ObjectNotFoundError
+from ..manifests import MetaDiff, is_internal
 from ..manifests.ops import same_meta
 from ..manifests.provenance import INPUTS_KEY
 from ..store import Store
@@ -43,8 +48,10 @@ def cmd_manifest_show(args: argparse.Namespace) -> int:
             "entries": {k: _entry_doc(man[k]) for k in man},
         }, indent=2))
         return 0
-    state = "pin (frozen)" if man.frozen and man.name else ("version" if not man.name else "head")
-    print(f"{man.name or '-'}  {man.digest}  [{state}]  {len(man)} entries")
+    pinned = man.name is not None and man.frozen and store.refs.get("pins", man.name) == man.digest
+    state = "pin (frozen)" if pinned else ("head" if man.name and not man.frozen else "version")
+    label = args.target if man.name and args.target != man.name else (man.name or "-")  # exp~2, exp@9f2c
+    print(f"{label}  {man.digest}  [{state}]  {len(man)} entries")
     for k, v in man.meta.items():
         print(f"  meta {k} = {v!r}")
     for k in man:
@@ -99,7 +106,43 @@ def cmd_freeze(args: argparse.Namespace) -> int:
 
 def cmd_pin(args: argparse.Namespace) -> int:
     """``casstore pin NAME TARGET``."""
-    print(open_from_args(args, create=False).pin(args.name, args.target, force=args.force))
+    store = open_from_args(args, create=False)
+    try:
+        print(store.pin(args.name, args.target, force=args.force))
+    except FrozenError:
+        old = store.pins().get(args.name)
+        raise FrozenError(f"pin {args.name!r} already points to {old}; pass --force to move it") from None
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    """``casstore rm NAME [--force]``: delete a head (a pin with --force); its versions stay until gc."""
+    store = open_from_args(args, create=False)
+    try:
+        d = store.remove(args.name, force=args.force, timeout=args.timeout)
+    except FrozenError:
+        raise FrozenError(
+            f"{args.name!r} is a pin (frozen); pass --force to remove it, or `casstore unpin {args.name}` first"
+        ) from None
+    print(f"removed {args.name} (was {d}; its versions stay until gc collects them: "
+          f"`casstore pin NEWNAME {d.short()}` keeps that one)")
+    return 0
+
+
+def cmd_mv(args: argparse.Namespace) -> int:
+    """``casstore mv OLD NEW [--force]``: rename a head (a pin with --force), history and all."""
+    store = open_from_args(args, create=False)
+    try:
+        d = store.rename(args.old, args.new, force=args.force, timeout=args.timeout)
+    except FrozenError:
+        raise FrozenError(
+            f"{args.old!r} is a pin (frozen); pass --force to rename it, or `casstore unpin {args.old}` first"
+        ) from None
+    except NameExistsError:
+        raise NameExistsError(
+            f"{args.new!r} already exists; pass --force to replace it, or choose another name"
+        ) from None
+    print(f"{args.old} -> {args.new}  ({d})")
     return 0
 
 
@@ -110,9 +153,11 @@ def cmd_unpin(args: argparse.Namespace) -> int:
 
 
 def cmd_pins(args: argparse.Namespace) -> int:
-    """``casstore pins [--heads]``."""
+    """``casstore pins [--heads] [--all]``: internal records (``_fetch/...``) only with ``--all``."""
     store = open_from_args(args, create=False)
     refs = store.heads() if args.heads else store.pins()
+    if not args.all:
+        refs = {k: v for k, v in refs.items() if not is_internal(k)}
     if args.json:
         print(json.dumps({k: str(v) for k, v in refs.items()}))
     else:
@@ -233,12 +278,15 @@ def cmd_log(args: argparse.Namespace) -> int:
     return 0
 
 
+_TARGET_HELP = "a name, NAME~N (N versions back), NAME@HEXPREFIX (a version of NAME) or a version digest"
+
+
 def register(add: Add) -> None:
     """Add the manifest subcommands to the ``casstore`` parser."""
     action = add_actions(add("manifest", None, "show or change a manifest (show, set, rm)"),
                          "manifest", "manifest_command")
     mp = action("show", cmd_manifest_show, "show a manifest by name or digest")
-    mp.add_argument("target", help="head or pin name, or a version digest")
+    mp.add_argument("target", help="head or pin name, NAME~N, NAME@HEXPREFIX, or a version digest")
     mp.add_argument("--json", action="store_true")
     mp = action("set", cmd_manifest_set, "set KEY of manifest NAME to FILE (stored) or DIGEST")
     mp.add_argument("name")
@@ -251,23 +299,33 @@ def register(add: Add) -> None:
     mp.add_argument("--timeout", type=seconds_arg, default=600.0, help="lock timeout in seconds")
     sp = add("freeze", cmd_freeze, "make head NAME a pin (never changes again)")
     sp.add_argument("name")
-    sp = add("pin", cmd_pin, "pin TARGET (a name or version digest) as NAME")
+    sp = add("pin", cmd_pin, "pin TARGET (a name, NAME~N, NAME@HEXPREFIX or version digest) as NAME")
     sp.add_argument("name")
-    sp.add_argument("target")
+    sp.add_argument("target", help=_TARGET_HELP)
     sp.add_argument("--force", action="store_true", help="move an existing pin")
     sp = add("unpin", cmd_unpin, "remove pin NAME (objects go later, through gc)")
     sp.add_argument("name")
     sp = add("pins", cmd_pins, "list pins (or heads with --heads)")
     sp.add_argument("--heads", action="store_true")
+    sp.add_argument("--all", action="store_true", help="also internal records (_fetch/...)")
     sp.add_argument("--json", action="store_true")
     sp = add("diff", cmd_diff, "keys, metadata, derive params and inputs added, removed and changed from A to B")
-    sp.add_argument("a")
-    sp.add_argument("b")
+    sp.add_argument("a", help=_TARGET_HELP)
+    sp.add_argument("b", help=_TARGET_HELP)
     sp.add_argument("--json", action="store_true")
     sp = add("checkout", cmd_checkout, "write the files of a manifest into DIR (verified)")
-    sp.add_argument("target")
+    sp.add_argument("target", help=_TARGET_HELP)
     sp.add_argument("dir")
     sp.add_argument("--overwrite", action="store_true")
     sp = add("log", cmd_log, "versions of a manifest, newest first")
-    sp.add_argument("target")
+    sp.add_argument("target", help=_TARGET_HELP)
     sp.add_argument("-n", "--limit", type=count_arg, default=None)
+    sp = add("rm", cmd_rm, "delete name NAME (a head; a pin needs --force); its versions stay until gc")
+    sp.add_argument("name")
+    sp.add_argument("--force", action="store_true", help="also remove a pin")
+    sp.add_argument("--timeout", type=seconds_arg, default=600.0, help="lock timeout in seconds")
+    sp = add("mv", cmd_mv, "rename OLD to NEW with its history (a pin, or an existing NEW, needs --force)")
+    sp.add_argument("old")
+    sp.add_argument("new")
+    sp.add_argument("--force", action="store_true", help="rename a pin, or replace an existing NEW")
+    sp.add_argument("--timeout", type=seconds_arg, default=600.0, help="lock timeout in seconds")

@@ -149,8 +149,25 @@ def cmd_stat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ls_names(args: argparse.Namespace) -> int:
+    """``casstore ls --names [--all]``: heads and pins; internal records (with their URL) only with --all."""
+    names = open_from_args(args, create=False).names(include_internal=args.all)
+    if args.json:
+        print(json.dumps([{"name": n.name, "kind": n.kind, "digest": str(n.digest), "internal": n.internal,
+                           "url": n.url} for n in names], indent=2))
+        return 0
+    for n in names:
+        url = "" if n.url is None else "  " + (n.url if n.url.isprintable() else repr(n.url))  # stored data
+        print(f"{n.kind:4}  {n.digest}  {n.name}{url}")
+    return 0
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
-    """``casstore ls``: every object, one line (or one JSON document) each."""
+    """``casstore ls``: every object, one line (or one JSON document) each; ``--names``: heads and pins."""
+    if args.names:
+        return _ls_names(args)
+    if args.all:
+        raise InvalidInputError("--all lists internal names (_fetch/...): use it with --names")
     store = open_from_args(args, create=False)
     for info in store.iter_info():
         if args.json:
@@ -226,6 +243,9 @@ def register(add: Add) -> None:
     sp = add("stat", cmd_stat, "show an object's size, stored size and codec")
     sp.add_argument("digest")
     sp.add_argument("--json", action="store_true")
-    sp = add("ls", cmd_ls, "list objects")
-    sp.add_argument("--json", action="store_true")
+    sp = add("ls", cmd_ls, "list objects (or heads and pins with --names)")
+    sp.add_argument("--json", action="store_true",
+                    help="JSON: one document per object (JSON Lines); with --names one JSON list")
+    sp.add_argument("--names", action="store_true", help="list heads and pins instead of objects")
+    sp.add_argument("--all", action="store_true", help="with --names: also internal records (_fetch/... with URL)")
     add("demo", cmd_demo, "put, dedupe, get and verify on the store, explaining each step")
