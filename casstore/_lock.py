@@ -10,7 +10,8 @@ Hazards these locks are built around:
 
 * The kernel releases an ``flock`` when its holder dies (even by SIGKILL), so a
   crashed writer never leaves a name locked.  A *live* holder that never lets
-  go is met with a timeout, not a hang.
+  go is met with a timeout, not a hang -- unless it beats a heartbeat (below):
+  a holder that shows it is alive and working is waited for.
 * A lock file is never the file being replaced (refs are replaced by rename;
   renaming over a locked file would silently split the lock), and lock files
   are never deleted (deleting one lets two processes lock different inodes).
