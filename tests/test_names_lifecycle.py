@@ -240,25 +240,36 @@ def test_rename_refuses_existing_names_pins_and_bad_names(store: casstore.Store)
     assert set(store.heads()) == {"p2", "team/a"}
 
 
+def test_rename_that_fails_halfway_puts_back_what_moved(store: casstore.Store) -> None:
+    (d,) = _versions(store, "both", 1)
+    store.refs.write("pins", "both", d)  # a crashed freeze left head and pin
+    _versions(store, "x/y", 1)  # refs/heads/x is a directory; refs/pins/x is free
+    with pytest.raises(InvalidInputError, match="prefix"):
+        store.rename("both", "x", force=True)  # the pin moves, the head cannot: the pin goes back
+    assert store.pins() == {"both": d} and set(store.heads()) == {"both", "x/y"}
+
+
 _RENAME_READER = """
 import json, sys, casstore
 s = casstore.open(sys.argv[1]); n = int(sys.argv[2])
-todo = set(range(n)); reads = 0; bad = []
+todo = set(range(n)); seen_old = 0; bad = []; first = True
 while todo:
     for i in sorted(todo):
-        reads += 1
         try:
             s.manifest("old/%d" % i)  # old first: if it is gone, the rename happened, so new must exist
+            seen_old += 1
             continue
         except casstore.ManifestNotFoundError:
             pass
         try:
             s.manifest("new/%d" % i)
-            todo.discard(i)
         except casstore.ManifestNotFoundError:
             bad.append(i)
-            todo.discard(i)
-print(json.dumps({"reads": reads, "bad": bad}))
+        todo.discard(i)
+    if first:
+        print("ready", flush=True)
+        first = False
+print(json.dumps({"seen_old": seen_old, "bad": bad}))
 """
 
 
@@ -272,13 +283,14 @@ def test_rename_is_atomic_for_lock_free_readers_in_another_process(tmp_path: Pat
             m["k"] = d
     reader = subprocess.Popen([PYTHON, "-c", textwrap.dedent(_RENAME_READER), str(root), str(n)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.3)  # the reader is running its loop
+    assert reader.stdout is not None
+    assert reader.stdout.readline() == "ready\n"  # it has read every old name once and keeps reading
     for i in range(n):
         store.rename(f"old/{i}", f"new/{i}")
     out, err = reader.communicate(timeout=300)
     assert reader.returncode == 0, err
     doc = json.loads(out)
-    assert doc["bad"] == [] and doc["reads"] >= n
+    assert doc["bad"] == [] and doc["seen_old"] > n  # never neither name; it read while renames ran
     assert sorted(store.heads()) == sorted(f"new/{i}" for i in range(n))
 
 

@@ -705,9 +705,21 @@ def rename(store: Store, old: str, new: str, *, force: bool = False,
                 f"{new!r} already exists ({what}); replace it with force=True (CLI: --force), "
                 "or choose another name"
             )
-        for kind in ("pins", "heads"):  # moves first, removals after: a reader of `new` never finds nothing
-            if src[kind] is not None:
-                refs.rename(kind, old, new)
+        moved: List[str] = []
+        try:
+            for kind in ("pins", "heads"):  # moves first, removals after: a reader of `new` never finds nothing
+                if src[kind] is not None:
+                    refs.rename(kind, old, new)
+                    moved.append(kind)
+        except BaseException:
+            # A name left both head and pin by a crashed freeze can clash under `new` in one tree
+            # only: put back what moved, so `old` stays whole (the refused `new` had nothing replaced).
+            for kind in reversed(moved):
+                refs.rename(kind, new, old)
+                prior = dst[kind]
+                if prior is not None:
+                    refs.write(kind, new, prior)
+            raise
         for kind in ("heads", "pins"):
             if src[kind] is None and dst[kind] is not None:
                 refs.remove(kind, new)
