@@ -113,7 +113,8 @@ DeriveFn = Callable[[Dict[str, Path], Path], object]
 DeriveInput = Union[Digest, str, Manifest]
 """An input: an object digest (or its string form) or a Manifest (an earlier fetch/derive result)."""
 InputKey = Tuple[str, Digest]
-"""An input as the memo key sees it: ``("object", digest)`` or ``("manifest", version digest)``."""
+"""An input: ``("object", digest)`` or ``("manifest", version digest)``; the memo key sees a manifest
+as ``("files", blake3 of its [key, object digest] list)``, so equal files are an equal input."""
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _PRIVATE = 0o700
@@ -253,7 +254,7 @@ def derive(store: Store, name: str, *, inputs: Mapping[str, DeriveInput], fn: De
     # after its input): they must be normalized relative paths, never '..' or absolute.
     keyed = {validate_key(k, "derive input name"): _input_key(v, k) for k, v in inputs.items()}
     _check_input_names(keyed)
-    key = derive_key(name, keyed, params, version)
+    key = derive_key(name, _content_keys(store, keyed), params, version)
     cfg = current()
     force = in_scope(cfg.regenerate if scope is None else scope, name)
     code = code_fingerprint(fn)
@@ -270,6 +271,27 @@ def derive(store: Store, name: str, *, inputs: Mapping[str, DeriveInput], fn: De
             return _reuse(store, name, hit, head, lock_timeout)
         refuse_pinned(store, name, f"derive {name!r}")
         return _run_derive(store, name, key, keyed, params, version, fn, code, compress, lock_timeout)
+
+
+def _content_keys(store: Store, keyed: Mapping[str, InputKey]) -> Dict[str, InputKey]:
+    """The memo key's view of the inputs: a manifest input counts by its files, not its version.
+
+    ``("files", blake3 of [[key, object digest], ...])``: what ``fn`` sees is
+    file names and bytes, so a new version with the same files -- a memo
+    reuse (A -> B -> A), or an upstream step regenerated to identical
+    outputs -- keeps the steps after it hits.  The version is read by its
+    digest (verified, decoded), never taken from the caller's object.
+    """
+    out: Dict[str, InputKey] = {}
+    for k, (kind, d) in keyed.items():
+        if kind == "manifest":
+            entries = load_manifest(store.objects, d).entries
+            h = new_hasher()
+            h.update(msgpack.packb([[rel, e.digest.raw] for rel, e in entries.items()], use_bin_type=True))
+            out[k] = ("files", Digest(h.hexdigest()))
+        else:
+            out[k] = (kind, d)
+    return out
 
 
 def _check_input_names(keyed: Mapping[str, InputKey]) -> None:
