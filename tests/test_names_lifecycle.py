@@ -67,6 +67,23 @@ def test_remove_deletes_the_head_and_leaves_its_versions_for_gc(store: casstore.
     assert m.result is not None and m.result.parent is None and list(m.result) == ["new"]
 
 
+def test_removing_or_renaming_the_last_name_under_a_prefix_frees_the_prefix(store: casstore.Store) -> None:
+    _versions(store, "team/a/b", 1)
+    _versions(store, "team/c", 1)
+    store.remove("team/a/b")
+    assert not (store.root / "refs" / "heads" / "team" / "a").exists()  # left empty: pruned
+    _versions(store, "team/a", 1)  # so the prefix can be a name again
+    store.rename("team/c", "solo")
+    store.rename("team/a", "other/x")
+    assert not (store.root / "refs" / "heads" / "team").exists()
+    _versions(store, "team", 1)
+    store.freeze("team")
+    store.rename("team", "p/q", force=True)
+    store.remove("p/q", force=True)
+    assert not (store.root / "refs" / "pins" / "p").exists()
+    assert set(store.heads()) == {"solo", "other/x"} and store.pins() == {}
+
+
 def test_remove_missing_pin_and_hostile_arguments(store: casstore.Store) -> None:
     with pytest.raises(ManifestNotFoundError, match="no head or pin named 'nope'"):
         store.remove("nope")

@@ -131,6 +131,20 @@ def _list_refs(root: Path, kind: str) -> Dict[str, Digest]:
     return dict(sorted(out.items()))
 
 
+def _prune(root: Path, kind: str, name: str) -> None:
+    """Remove the directories of ``name`` left empty (``team/`` after ``team/a`` went), so the
+    name ``team`` can be created again.  A writer that made such a directory just before we
+    remove it retries its rename after making it again (``Staging.commit``, ``_rename_ref``)."""
+    base = root / (HEADS if kind == "heads" else PINS)
+    parts = name.split("/")[:-1]
+    while parts:
+        try:
+            os.rmdir(base.joinpath(*parts))
+        except OSError:  # not empty (another name lives there), or gone already
+            return
+        parts.pop()
+
+
 def _remove_ref(root: Path, kind: str, name: str, *, durable: bool = True) -> bool:
     """Remove a ref file; ``False`` if it did not exist."""
     p = _ref_path(root, kind, name)
@@ -140,6 +154,7 @@ def _remove_ref(root: Path, kind: str, name: str, *, durable: bool = True) -> bo
         return False
     if durable:
         fsync_dir(p.parent)
+    _prune(root, kind, name)
     return True
 
 
@@ -160,11 +175,15 @@ def _rename_ref(root: Path, kind: str, old: str, new: str, *, durable: bool = Tr
     try:
         os.rename(src, dst)
     except FileNotFoundError:
-        return False
+        if not os.path.lexists(src):
+            return False
+        makedirs(dst.parent, durable)  # a remove pruned the directory we had just made: make it again
+        os.rename(src, dst)
     if durable:
         fsync_dir(dst.parent)  # the new entry first: a power loss may keep both names, never neither
         if src.parent != dst.parent:
             fsync_dir(src.parent)
+    _prune(root, kind, old)
     return True
 
 
