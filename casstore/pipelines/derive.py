@@ -259,12 +259,12 @@ def derive(store: Store, name: str, *, inputs: Mapping[str, DeriveInput], fn: De
     force = in_scope(cfg.regenerate if scope is None else scope, name)
     code = code_fingerprint(fn)
     lock_timeout = lock_seconds(timeout, cfg.lock_timeout, "timeout")
-    hit, _head = _lookup(store, name, key, code, force=force, history=False)
+    hit, _head = _lookup(store, name, key, code, force=force, history=False, warn=False)
     if hit is not None:
         return hit
     with store.refs.lock(name, timeout=lock_timeout, what=f"derive {name!r} (key {key[:12]})",
                          heartbeat=beat_every(lock_timeout)):
-        hit, head = _lookup(store, name, key, code, force=force, history=not force)
+        hit, head = _lookup(store, name, key, code, force=force, history=not force, warn=True)
         if hit is not None:
             if head is None or hit.digest == head.digest or hit.frozen:
                 return hit
@@ -305,22 +305,24 @@ def _check_input_names(keyed: Mapping[str, InputKey]) -> None:
                                         "file and a directory; rename one")
 
 
-def _usable(store: Store, man: Manifest, key: str, code: Optional[Dict[str, str]], *, force: bool) -> bool:
+def _usable(store: Store, man: Manifest, key: str, code: Optional[Dict[str, str]], *, force: bool,
+            warn: bool) -> bool:
     rec = man.meta.get("derive")
     if not isinstance(rec, (dict, Mapping)) or rec.get("key") != key:
         return False
     if force and not fresh_for_job(rec.get("recorded"), rec.get("by")):
         return False
     if not _code_matches(rec, code):
-        log.warning("derive %r: fn %s changed since the stored result %s was made (its code fingerprint "
-                    "differs) but version= was not bumped; running it again -- bump version= when fn changes",
-                    man.name, rec.get("fn", "?"), man.digest)
+        if warn:  # once per call: the search under the lock (the lock-free look first is silent)
+            log.warning("derive %r: fn %s changed since the stored result %s was made (its code "
+                        "fingerprint differs) but version= was not bumped; running it again -- bump version= "
+                        "when fn changes", man.name, rec.get("fn", "?"), man.digest)
         return False
     return all(store.objects.has(e.digest) for e in man.values())
 
 
 def _lookup(store: Store, name: str, key: str, code: Optional[Dict[str, str]], *, force: bool,
-            history: bool) -> Tuple[Optional[Manifest], Optional[Manifest]]:
+            history: bool, warn: bool) -> Tuple[Optional[Manifest], Optional[Manifest]]:
     """(a usable stored result, the current head).  ``history``: also search the head's older versions."""
     pin = store.refs.get("pins", name)
     if pin is not None:
@@ -328,7 +330,7 @@ def _lookup(store: Store, name: str, key: str, code: Optional[Dict[str, str]], *
             man = Manifest(pin, load_manifest(store.objects, pin), name=name, frozen=True)
         except ObjectNotFoundError:  # a pin whose version is gone: refuse_pinned says what to do
             return None, None
-        return (man if _usable(store, man, key, code, force=force) else None), None
+        return (man if _usable(store, man, key, code, force=force, warn=warn) else None), None
     d = store.refs.get("heads", name)
     head: Optional[Manifest] = None
     seen: set[Digest] = set()
@@ -340,7 +342,7 @@ def _lookup(store: Store, name: str, key: str, code: Optional[Dict[str, str]], *
             break  # removed meanwhile, or older versions collected (or damaged): the memo ends here
         if head is None:
             head = man
-        if _usable(store, man, key, code, force=force):
+        if _usable(store, man, key, code, force=force, warn=warn):
             return man, head
         d = man.parent
     return None, head
