@@ -60,15 +60,17 @@ def setup(tmp_path: Path) -> Any:
 
 def test_waiter_outlives_a_producer_that_beats(setup: Any) -> None:
     root, store, src, counter = setup
-    producer, q, fn = _producer(root, "long/step", src, counter, 2.5, "0.5")
+    # lock_timeout 1 s (beats every 0.25 s: a quarter of it), work 3.5 s; a loaded test machine may
+    # delay a beat by a fraction of a second, never by the 1 s that would declare a stall.
+    producer, q, fn = _producer(root, "long/step", src, counter, 3.5, "1")
     try:
         holder = read_holder(store.refs.lock("long/step").path)
         assert holder is not None and holder.pid == producer.pid and holder.host == socket.gethostname()
-        assert holder.every == 0.125 and "long/step" in holder.what  # a quarter of its lock_timeout
+        assert holder.every == 0.25 and "long/step" in holder.what  # a quarter of its lock_timeout
         t0 = time.monotonic()
-        m = store.derive("long/step", inputs={"src": src}, fn=fn, timeout=0.5)  # 5x shorter than the work
+        m = store.derive("long/step", inputs={"src": src}, fn=fn, timeout=1.0)
         waited = time.monotonic() - t0
-        assert waited > 1.5  # it waited for the producer (over 3x lock_timeout) without timing out ...
+        assert waited > 2.0  # it waited for the producer (a 3.5x-lock_timeout job) without timing out ...
         (_, pid, (digest, _)), = results(q, 1)
         assert runs(counter) == [str(pid)] and str(m.digest) == digest  # ... and took its result
     finally:
