@@ -205,6 +205,34 @@ def test_remove_races_edits_in_real_processes_and_one_wins_cleanly(tmp_path: Pat
     assert 0 < len(bases) < len(edits)  # the race really interleaved
 
 
+_PRUNE_CHURN = """
+import sys, casstore
+s = casstore.open(sys.argv[1]); wid = sys.argv[2]
+d = s.put(b"x")
+for i in range(int(sys.argv[3])):
+    name = "shared/dir/w%s-%d" % (wid, i)
+    with s.edit(name) as m:
+        m["k"] = d
+    if i % 2:
+        s.rename(name, name + "-moved")
+        name += "-moved"
+    s.remove(name)  # the last name under shared/dir: its directories go, while the other process makes them
+print("ok")
+"""
+
+
+def test_pruning_races_other_processes_creating_names_under_the_same_prefix(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    store = casstore.open(root, durable=False)
+    procs = [subprocess.Popen([PYTHON, "-c", textwrap.dedent(_PRUNE_CHURN), str(root), str(w), "200"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for w in range(3)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and out.strip() == "ok", err
+    assert store.heads() == {} and store.pins() == {}
+    assert store.verify().ok
+
+
 # -- rename ---------------------------------------------------------------------------------
 
 

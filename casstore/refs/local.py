@@ -15,6 +15,11 @@ Hazards and lock order:
 * A ref file is opened without following symlinks and must be a regular
   file: a planted FIFO cannot hang a reader, a planted link cannot point a
   name outside the store.
+* Removing (or renaming away) the last name under a prefix removes the
+  directories it left empty (``_prune``), so that prefix can be a name again.
+  A writer whose directory is pruned between its ``mkdir`` and its rename
+  makes it again and retries (``_PRUNE_RETRIES``); a prefix that is really
+  another name's file is told apart by ``_blocked``.
 * Listing walks the directory iteratively (no recursion limit): one odd name
   can never break ``heads``, gc, verify or usage for everyone.
 """
@@ -91,15 +96,44 @@ def _read_ref(root: Path, kind: str, name: str) -> Optional[Digest]:
 def _write_ref(root: Path, kind: str, name: str, digest: Digest, *, durable: bool = True) -> None:
     """Point a ref at ``digest`` by atomic rename (creating parent dirs as needed)."""
     p = _ref_path(root, kind, name)
-    if p.is_dir():
-        raise InvalidInputError(f"name {name!r} is a prefix of other names ({p} is a directory); choose another")
-    try:
-        makedirs(p.parent, durable)  # new dirs: setgid mode copied, entries fsynced when durable
-    except (FileExistsError, NotADirectoryError):
-        raise InvalidInputError(
-            f"name {name!r} conflicts with an existing name that is a prefix of it; choose another"
-        ) from None
-    write_file_atomic(root / TMP, p, f"{digest}\n".encode(), durable=durable, mode=0o444)
+    for attempt in range(_PRUNE_RETRIES):
+        if p.is_dir():
+            raise InvalidInputError(f"name {name!r} is a prefix of other names ({p} is a directory); choose another")
+        try:
+            makedirs(p.parent, durable)  # new dirs: setgid mode copied, entries fsynced when durable
+        except (FileExistsError, NotADirectoryError, FileNotFoundError):
+            if _blocked(root, kind, p) or attempt == _PRUNE_RETRIES - 1:
+                raise InvalidInputError(
+                    f"name {name!r} conflicts with an existing name that is a prefix of it; choose another"
+                ) from None
+            continue  # a directory we were making was pruned meanwhile (_prune): make it again
+        try:
+            write_file_atomic(root / TMP, p, f"{digest}\n".encode(), durable=durable, mode=0o444)
+            return
+        except FileNotFoundError:
+            if attempt == _PRUNE_RETRIES - 1:
+                raise
+
+
+def _blocked(root: Path, kind: str, p: Path) -> bool:
+    """Whether a parent of ref path ``p`` is a file (another name is a prefix of this one).
+    Otherwise a failed makedirs/rename lost a race with :func:`_prune` and is retried."""
+    base = root / (HEADS if kind == "heads" else PINS)
+    for parent in p.parents:
+        if parent == base:
+            return False
+        try:
+            st = os.lstat(parent)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            return True
+    return False
+
+
+_PRUNE_RETRIES = 16
+"""Attempts to create a ref whose directory other processes keep pruning (each prune needs a
+remove of the last name there, so a writer that loses 16 times in a row is not expected)."""
 
 
 def _list_refs(root: Path, kind: str) -> Dict[str, Digest]:
@@ -164,21 +198,23 @@ def _rename_ref(root: Path, kind: str, old: str, new: str, *, durable: bool = Tr
     One ``rename(2)``: a lock-free reader sees ``old`` or ``new``, never both and never half a file.
     """
     src, dst = _ref_path(root, kind, old), _ref_path(root, kind, new)
-    if dst.is_dir():
-        raise InvalidInputError(f"name {new!r} is a prefix of other names ({dst} is a directory); choose another")
-    try:
-        makedirs(dst.parent, durable)
-    except (FileExistsError, NotADirectoryError):
-        raise InvalidInputError(
-            f"name {new!r} conflicts with an existing name that is a prefix of it; choose another"
-        ) from None
-    try:
-        os.rename(src, dst)
-    except FileNotFoundError:
+    for attempt in range(_PRUNE_RETRIES):
+        if dst.is_dir():
+            raise InvalidInputError(f"name {new!r} is a prefix of other names ({dst} is a directory); choose another")
         if not os.path.lexists(src):
             return False
-        makedirs(dst.parent, durable)  # a remove pruned the directory we had just made: make it again
-        os.rename(src, dst)
+        try:
+            makedirs(dst.parent, durable)
+            os.rename(src, dst)
+            break
+        except (FileExistsError, NotADirectoryError, FileNotFoundError):
+            if _blocked(root, kind, dst) or attempt == _PRUNE_RETRIES - 1:
+                if not os.path.lexists(src):
+                    return False
+                raise InvalidInputError(
+                    f"name {new!r} conflicts with an existing name that is a prefix of it; choose another"
+                ) from None
+            # a directory we had just made was pruned meanwhile (_prune): make it again
     if durable:
         fsync_dir(dst.parent)  # the new entry first: a power loss may keep both names, never neither
         if src.parent != dst.parent:
