@@ -190,7 +190,7 @@ class TreeFlusher:
     meanwhile, a symbolic link) is ignored; correctness never depends on it.
     """
 
-    def __init__(self, root: Path, *, every: float = 0.25, step: int = 16 << 20, max_files: int = 256) -> None:
+    def __init__(self, root: Path, *, every: float = 0.1, step: int = 8 << 20, max_files: int = 256) -> None:
         self.root = root
         self._every = every
         self._step = step
