@@ -239,10 +239,138 @@ def _pread_all(fd: int, n: int, off: int) -> bytes:
     return b"".join(parts)
 
 
-def _remove_tree(path: str, owner: int) -> None:
+def _remove_tree(path: str, owner: int, follower: Optional[_Follower] = None) -> None:
     """Finalizer of a live cache: only the creating process removes its directory."""
     if os.getpid() == owner:
+        if follower is not None:
+            follower.close()
         shutil.rmtree(path, ignore_errors=True)
+
+
+_FOLLOW_STEP = 8 << 20  # hash (and start writing back) the data file in steps of this many bytes
+_FOLLOW_BUF = 2 << 20  # read (and hash) at most this much at a time
+_FOLLOW_POLL = 0.05  # seconds between looks at the data end while the cache is filled
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _sync_file_range() -> Optional[Callable[[int, int, int, int], int]]:
+    """libc's ``sync_file_range`` (Linux; Python's os module lacks it), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        f = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):  # pragma: no cover - not glibc/musl
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    f.restype = ctypes.c_int
+    return cast("Callable[[int, int, int, int], int]", f)
+
+
+class _Follower:
+    """BLAKE3 of a live cache's data file, computed while it is filled, in the process that created it.
+
+    ``preserve`` must name the frozen file by its BLAKE3-256 and make it durable; done
+    then, that is one hash pass over the whole file plus an fsync of everything still
+    dirty (issue 13: 2-4x one sequential read).  Every byte below the shared data end
+    is final once committed (puts append past it; freeze only cuts bytes past it and
+    appends the table), so this helper thread hashes ``[0, end)`` in steps as the end
+    moves, and asks the kernel to start writing each hashed step back
+    (``sync_file_range(SYNC_FILE_RANGE_WRITE)``: asynchronous, off the put path), so
+    preserve is left with the last step, the table and a short fsync.  It reads the end
+    with ``pread`` from its own descriptors (never the caller's maps), holds no
+    reference to the cache, and exists only in the creating process: a forked child
+    has no such thread, and its ``preserve`` hashes the whole file as before.
+    """
+
+    __slots__ = ("pid", "dfd", "ifd", "ino", "pos", "h", "guard", "stop", "thread", "failed", "sync", "buf")
+
+    def __init__(self, data: Path, index: Path, durable: bool) -> None:
+        self.pid = os.getpid()
+        self.dfd = os.open(data, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            self.ifd = os.open(index, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except BaseException:
+            os.close(self.dfd)
+            raise
+        st = os.fstat(self.dfd)
+        self.ino = (st.st_dev, st.st_ino)
+        self.pos = 0
+        self.h = blake3.blake3()  # one thread: the loader's workers need the other cores
+        self.buf = bytearray(_FOLLOW_BUF)
+        self.guard = threading.Lock()  # the thread's steps and finish() never interleave
+        self.stop = threading.Event()
+        self.failed = False
+        self.sync = _sync_file_range() if durable else None
+        self.thread = threading.Thread(target=self._run, name="casstore-cache-follow", daemon=True)
+        self.thread.start()
+
+    def _end(self) -> int:
+        b = os.pread(self.ifd, 8, _END_AT)
+        return int(_U64.unpack(b)[0]) if len(b) == 8 else 0
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.wait(_FOLLOW_POLL):
+                end = self._end() // _FOLLOW_STEP * _FOLLOW_STEP
+                if end > self.pos:
+                    with self.guard:
+                        if self.stop.is_set():
+                            return
+                        self._hash_to(end, writeback=True)
+        except Exception as e:  # pragma: no cover - EIO and the like: preserve hashes the file itself
+            self.failed = True
+            log.debug("index cache follower stopped: %s", e)
+
+    def _hash_to(self, end: int, *, writeback: bool) -> None:
+        # pread into one reused buffer, not a map: a live file truncated behind our back
+        # (damage) must be a short read here, never a SIGBUS that kills the process.
+        buf = self.buf
+        while self.pos < end and not self.failed:
+            n = os.preadv(self.dfd, [memoryview(buf)[:min(len(buf), end - self.pos)]], self.pos)
+            if n <= 0:
+                self.failed = True  # shorter than its committed end: preserve hashes (and checks) it itself
+                return
+            self.h.update(memoryview(buf)[:n])
+            if writeback and self.sync is not None:
+                self.sync(self.dfd, self.pos, n, _SYNC_FILE_RANGE_WRITE)  # a hint: its result is not needed
+            self.pos += n
+
+    def finish(self, fd: int, size: int) -> Optional[Digest]:
+        """The BLAKE3-256 of the frozen file open as ``fd`` (``size`` bytes), or None if unknown here."""
+        if os.getpid() != self.pid or self.failed:
+            return None
+        st = os.fstat(fd)
+        self.stop.set()
+        with self.guard:
+            if (st.st_dev, st.st_ino) != self.ino or self.failed or self.pos > size:
+                return None
+            try:
+                self._hash_to(size, writeback=False)
+            except Exception:  # pragma: no cover
+                return None
+            return None if self.failed else Digest(self.h.hexdigest())
+
+    def close(self) -> None:
+        """Stop the thread and close its descriptors (a forked child closes only its copies)."""
+        if os.getpid() != self.pid:  # no thread here, and the guard may be a copy taken mid-step
+            for fd in (self.dfd, self.ifd):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self.dfd = self.ifd = -1
+            return
+        self.stop.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join()
+        with self.guard:
+            for fd in (self.dfd, self.ifd):
+                if fd >= 0:
+                    os.close(fd)
+            self.dfd = self.ifd = -1
+            self.failed = True
 
 
 def _check_store(store: object) -> Store:
@@ -355,11 +483,13 @@ class IndexCache:
         "store", "length", "max_bytes", "verify_mode", "lock_timeout", "name", "digest",
         "_dir", "_owner", "_imm", "_ifd", "_proc", "_fmm", "_fq", "_fcheck", "_ffd", "_fpath",
         "_fcount", "_ftotal", "_finalizer", "_manifest_digest", "_qo", "_qe", "_qs", "_qm", "_seen", "_ffmt",
+        "_follower",
         "__weakref__",
     )
     _dir: Optional[Path]
     _imm: Any
     _finalizer: Optional[weakref.finalize[Any, Any]]
+    _follower: Optional[_Follower]
 
     def __init__(self, store: Store, length: int, *,
                  max_bytes: Optional[int] = None, verify: str = DEFAULT_VERIFY,
@@ -392,6 +522,9 @@ class IndexCache:
                 _pwrite_all(dfd, _FILE_HEADER.pack(_FILE_MAGIC, FORMAT), 0)
             finally:
                 os.close(dfd)
+            self._follower = _Follower(d / _DATA, d / "index", self.store.objects.durable)
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, _remove_tree, str(d), self._owner, self._follower)
         except OSError as e:
             self.close()
             raise disk_full(e, root_tmp, "creating an index cache") from None
@@ -443,6 +576,7 @@ class IndexCache:
         self._fcount = 0
         self._ftotal = 0
         self._finalizer = None
+        self._follower = None
 
     # -- opening a preserved cache --------------------------------------------------
 
@@ -989,7 +1123,10 @@ class IndexCache:
         assert self._fpath is not None
         d = self.digest
         if d is None:
-            d = self.store.objects.adopt(self._fpath, link=True)
+            # Hashed while it was filled (see _Follower), else hashed now by adopt.
+            f = self._follower
+            known = f.finish(self._ffd, os.fstat(self._ffd).st_size) if f is not None else None
+            d = self.store.objects.adopt(self._fpath, link=True, digest=known)
         fault("cache.preserve_after_object")
         size = os.fstat(self._ffd).st_size
         meta = {"kind": KIND, "length": self.length, "format": FORMAT}
@@ -1181,6 +1318,8 @@ class IndexCache:
                 os.close(fd)
         if self._proc.pid == os.getpid():
             self._proc.close()
+        if self._follower is not None:
+            self._follower.close()
         if self._finalizer is not None:
             self._finalizer()
 

@@ -447,3 +447,99 @@ def test_big_records_hashed_on_a_helper_thread_work_in_forked_children(store: ca
     assert all(c.get(i) == blake3.blake3(b"big%d" % i).digest(length=2 << 20) for i in range(5))
     c.freeze()
     assert c.verify() == 5
+
+
+# -- preserve names the file with the BLAKE3 made while it was filled (issue 13: preserve time) --------
+
+MIB = 1 << 20
+
+
+def _big(i: int) -> bytes:
+    return blake3.blake3(b"fill%d" % i).digest(length=MIB // 2 + i * 4099)
+
+
+def _big_writer(cache: IndexCache, indices: List[int], die_after: int) -> None:
+    for k, i in enumerate(indices):
+        if k == die_after:
+            _kill_self_at("cache.put_after_data")  # leaves bytes past the data end, then dies
+        cache.put(i, _big(i))
+    os._exit(0)
+
+
+def _threads_named(name: str) -> int:
+    import threading
+
+    return sum(1 for t in threading.enumerate() if t.name == name)
+
+
+def test_preserve_uses_the_hash_made_while_four_writers_filled_it(store: casstore.Store) -> None:
+    ctx = mp.get_context("fork")
+    n = 96  # ~58 MiB: several of the follower's 8 MiB steps
+    order = list(range(n))
+    random.Random(13).shuffle(order)
+    threads = _threads_named("casstore-cache-follow")
+    c = IndexCache(store, n)
+    assert _threads_named("casstore-cache-follow") == threads + 1
+    # Worker 0 is SIGKILLed mid-put after its 5th record: its bytes past the data end are
+    # overwritten by later puts and must never enter the hash.
+    ps = [ctx.Process(target=_big_writer, args=(c, order[w::4], 5 if w == 0 else -1)) for w in range(4)]
+    for p in ps:
+        p.start()
+    _join(ps)
+    assert ps[0].exitcode == -signal.SIGKILL and [p.exitcode for p in ps[1:]] == [0, 0, 0]
+    missing = [i for i in range(n) if i not in c]
+    for i in missing:
+        assert c.put(i, _big(i))
+    f = c._follower
+    assert f is not None
+    deadline = time.monotonic() + 20
+    while f.pos < 48 * MIB and time.monotonic() < deadline:  # it follows the data end in the background
+        time.sleep(0.05)
+    assert f.pos >= 48 * MIB
+    d = c.preserve("followed")
+    assert c.path is not None
+    with open(c.path, "rb") as fh:
+        assert str(d) == "blake3:" + blake3.blake3(fh.read()).hexdigest()  # the name is the bytes' hash
+    assert _threads_named("casstore-cache-follow") == threads  # stopped once it was used
+    o = IndexCache.open(store, "followed", verify="full")
+    assert all(o.get(i) == _big(i) for i in range(n))
+    o.close()
+    c.close()
+
+
+def _preserve_in_child(cache: IndexCache, out: Any) -> None:
+    out.put(str(cache.preserve("from-a-child")))
+
+
+def test_preserve_from_a_forked_child_hashes_the_file_itself(store: casstore.Store) -> None:
+    ctx = mp.get_context("fork")
+    c = IndexCache(store, 40)
+    for i in range(40):
+        c.put(i, _big(i))
+    q = ctx.Queue()
+    p = ctx.Process(target=_preserve_in_child, args=(c, q))  # the parent's follower does not exist there
+    p.start()
+    d = q.get(timeout=JOIN)
+    _join([p])
+    assert p.exitcode == 0
+    o = IndexCache.open(store, "from-a-child", verify="full")  # the whole BLAKE3 matches its name
+    assert str(o.digest) == d and o.count == 40
+    o.close()
+    c.close()
+    assert c._follower is not None and c._follower.dfd == -1  # closed with the cache
+
+
+def test_a_cache_that_is_closed_or_collected_stops_its_follower(store: casstore.Store) -> None:
+    import gc
+
+    threads = _threads_named("casstore-cache-follow")
+    c = IndexCache(store, 4)
+    c.put(0, b"x")
+    c.close()
+    assert _threads_named("casstore-cache-follow") == threads
+    c = IndexCache(store, 4)
+    c.put(0, b"x")
+    del c
+    gc.collect()
+    assert _threads_named("casstore-cache-follow") == threads
+    assert icache_dirs(store.root) == []

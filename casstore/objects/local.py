@@ -599,7 +599,8 @@ class LocalObjects(ObjectStore):
             return d
 
     @_no_space
-    def adopt(self, path: Union[str, os.PathLike[str]], *, link: bool = False) -> Digest:
+    def adopt(self, path: Union[str, os.PathLike[str]], *, link: bool = False,
+              digest: Optional[Digest] = None) -> Digest:
         """Make a finished file in this store's ``tmp/`` an object without copying it; return its digest.
 
         The file is hashed while a helper thread fsyncs it (if durable), made
@@ -608,17 +609,25 @@ class LocalObjects(ObjectStore):
         is fsynced.  If the object exists already nothing is published (dedupe).
         The caller must never change the file again.  Where hard links are
         refused the bytes are copied instead.  Used by ``IndexCache.preserve``.
+        ``digest``: the file's digest, when the caller hashed exactly these bytes itself
+        (``IndexCache`` hashes its data file while it is filled); it is trusted, and the
+        file is then only fsynced here.
         """
         p = os.fspath(path)
         fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
             size = os.fstat(fd).st_size
-            fsync = run_beside(lambda: os.fsync(fd), "casstore-fsync") if self.durable else None
-            try:
-                d = hash_fd(fd, size)
-            finally:
-                if fsync is not None:
-                    fsync.join()
+            if digest is not None:
+                d = digest
+                if self.durable:
+                    os.fsync(fd)
+            else:
+                fsync = run_beside(lambda: os.fsync(fd), "casstore-fsync") if self.durable else None
+                try:
+                    d = hash_fd(fd, size)
+                finally:
+                    if fsync is not None:
+                        fsync.join()
             dest = object_path(self.root, d, RAW)
             if self.touch(d):
                 if not link:
