@@ -80,6 +80,7 @@ from ..errors import (
     StoreFormatError,
 )
 from ..manifests import Entry, Manifest, canonical_meta, load_manifest, validate_key
+from ..manifests.provenance import INPUTS_KEY
 from ..refs import validate_name
 from .common import (
     Scope,
@@ -105,8 +106,8 @@ log = logging.getLogger("casstore.derive")
 MEMO_DEPTH = 1000
 """Versions of a name's history searched for an earlier result with the same key (newest first)."""
 
-INPUTS_META = "casstore.inputs"
-"""Metadata key of the provenance record (docs/pipelines.md, "Provenance metadata")."""
+INPUTS_META = INPUTS_KEY
+"""Metadata key of the provenance record (docs/pipelines.md, "Provenance metadata"); one definition, read by gc."""
 
 DeriveFn = Callable[[Dict[str, Path], Path], object]
 """``fn(inputs, out)``: ``inputs`` maps input names to read-only paths; write outputs under ``out``."""
