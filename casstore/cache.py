@@ -28,6 +28,9 @@ How it is built (the reasons are in docs/index-cache.md):
   here; format 1 files carry CRC-32 or BLAKE3-64 and are still read).  The table and footer
   carry CRC-32s; a preserved cache is additionally an object whose whole BLAKE3-256 digest
   ``verify="full"`` checks on ``open``.  See ``verify=`` for when checks run.
+* **Preserve time**: that BLAKE3 is computed while the cache is filled, by a helper thread
+  of the creating process that follows the shared data end (and starts the writeback of
+  what it hashed), so ``preserve`` hashes and fsyncs only what is left (``_Follower``).
 """
 
 from __future__ import annotations
@@ -1106,10 +1109,11 @@ class IndexCache:
     def preserve(self, name: str, *, overwrite: bool = False) -> Digest:
         """Freeze, then keep the cache as one object pinned under ``name``; return the object's digest.
 
-        The frozen file becomes the object without a second copy: it is hashed while it
-        is fsynced, then hard-linked into ``objects/``.  A manifest with one entry
-        (``"index-cache"``) and meta ``{"kind": "casstore.index-cache", "length": N,
-        "format": 1}`` is written, then pinned: the name appears only once everything
+        The frozen file becomes the object without a second copy: it is named by its
+        BLAKE3-256 (in the creating process mostly computed while the cache was filled,
+        see ``_Follower``), fsynced, then hard-linked into ``objects/``.  A manifest with
+        one entry (``"index-cache"``) and meta ``{"kind": "casstore.index-cache", "length": N,
+        "format": 2}`` is written, then pinned: the name appears only once everything
         it needs is durable, so a crash leaves the name absent or complete.  Identical
         runs store one object and preserving again under the same name is a no-op; a name
         already pinned to something else raises :class:`~casstore.FrozenError` unless
