@@ -19,6 +19,7 @@ from .errors import (
     CasstoreError,
     CompressedObjectError,
     DiskFullError,
+    FileChangedError,
     FrozenError,
     IntegrityError,
     InvalidDigestError,
@@ -33,6 +34,7 @@ from .errors import (
     RemoteConflictError,
     StoreFormatError,
 )
+from .folders import AddResult, FolderStatus, Skipped
 from .maintenance import GCPlan, GCResult, LimitResult, NameUsage, Usage, VerifyReport
 from .manifests import Diff, EditTransaction, Entry, Manifest, ManifestEditor, MetaDiff, NameInfo
 from .objects import LocalObjects, ObjectInfo, ObjectStore
@@ -67,6 +69,10 @@ __all__ = [
     "MetaDiff",
     "NameInfo",
     "IndexCache",
+    "AddResult",
+    "FolderStatus",
+    "Skipped",
+    "FileChangedError",
     "Remote",
     "TransferReport",
     "GCPlan",

@@ -124,5 +124,12 @@ class CompressedObjectError(CasstoreError, ValueError):
     """A raw path was asked for an object that is stored compressed."""
 
 
+class FileChangedError(CasstoreError):
+    """A file kept changing while ``add`` read it (retried, then reported; never stored mixed).
+
+    Stop the program writing into the folder, or leave that file out with an exclude glob.
+    """
+
+
 class CacheIndexError(InvalidInputError, IndexError):
     """An index cache index outside ``0 .. length-1`` (also an ``IndexError``, as sequences raise)."""

@@ -22,6 +22,7 @@ from .codecs import CompressArg
 from .config import StoreConfig
 from .digest import Digest
 from .errors import InvalidInputError, InvalidTypeError, ReadOnlyError, StoreFormatError
+from .folders import AddResult, FolderStatus, add_folder, folder_status
 from .maintenance import GCPlan, LimitResult, Usage, VerifyReport, plan_gc, plan_limit
 from .maintenance import limit as limit_store
 from .maintenance import usage as store_usage
@@ -329,6 +330,31 @@ class Store:
     def checkout(self, target: DigestLike, outdir: PathLike, *, overwrite: bool = False) -> List[Path]:
         """Write a manifest's files under ``outdir`` (verified; reflinked where possible)."""
         return checkout_version(self, target, outdir, overwrite=overwrite)
+
+    # -- folders as snapshots (casstore.folders) ------------------------------------
+
+    def add(self, name: str, folder: PathLike, *, message: Optional[str] = None,
+            meta: Optional[Mapping[str, Any]] = None, exclude: Optional[Iterable[str]] = None,
+            progress: Optional[bool] = None) -> AddResult:
+        """Snapshot a whole folder as ONE new version of ``name`` (keys: relative POSIX paths).
+
+        Symlinks and special files are skipped with a warning (never followed);
+        ``exclude``: glob patterns matched against each relative path and each
+        of its segments.  Files are stored on a small thread pool; a stat cache
+        under the store means an unchanged file is not read again.  A folder
+        equal to the head makes no new version (``result.created`` is False).
+        A file name that is not a valid key raises :class:`InvalidInputError`
+        and a file that keeps changing :class:`FileChangedError`, both before
+        anything is committed.  ``message`` is kept as ``meta["message"]``.
+        See docs/folders.md.
+        """
+        return add_folder(self, name, folder, message=message, meta=meta, exclude=exclude, progress=progress)
+
+    def status(self, name: str, folder: PathLike, *, version: Optional[str] = None,
+               exclude: Optional[Iterable[str]] = None, progress: Optional[bool] = None) -> FolderStatus:
+        """Added / modified / deleted / unchanged keys of ``folder`` against ``name``'s head (or ``version``,
+        e.g. ``"NAME~2"``); reads only files the stat cache cannot vouch for.  See docs/folders.md."""
+        return folder_status(self, name, folder, version=version, exclude=exclude, progress=progress)
 
     # -- pipelines: fetch once, derive once (casstore.pipelines) ------------------
 

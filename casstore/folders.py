@@ -1,0 +1,544 @@
+"""Folders as snapshots: ``store.add(name, folder)`` and ``store.status(name, folder)``.
+
+A feature (layer 4, docs/design.md): it reads and writes the store only
+through ``store.objects``, ``store.root`` and the manifests layer.  See
+docs/folders.md for the user's view.
+
+* **The walk** opens every directory with ``O_DIRECTORY | O_NOFOLLOW``
+  relative to its parent's fd and every file with ``O_NOFOLLOW`` relative to
+  its directory's fd (as manifests/checkout.py does), so a symlink swapped in
+  for a directory or file mid-walk is never followed out of the folder.
+  Symlinks and special files (FIFOs, sockets, devices) are skipped with a
+  warning: opening a FIFO would block on its writer, a device may never end.
+* **Keys** are relative POSIX paths and must pass the manifest key rules; a
+  file whose name is not a valid key (a newline, a backslash, bytes that are
+  not UTF-8) is refused with :class:`InvalidInputError` naming it *before*
+  anything is stored or committed -- silently leaving a file out of a
+  snapshot would be worse; ``exclude`` leaves it out on purpose.
+* **Consistency**: each file is stored by ``put_path``, which hashes the
+  staged copy (so the digest names exactly the stored bytes), and the file's
+  stat is compared before and after the copy.  A file whose stat changed is
+  retried (3 attempts) and then reported (:class:`FileChangedError`); it is
+  never stored mixed.  Timestamps are coarse (a kernel tick), so a write in
+  the same tick as the previous one can leave the stat unchanged: for a file
+  modified within the last ``RACY_SECONDS`` the source is hashed again after
+  the copy and must match.
+* **The stat cache** ``<store>/cache/stat/<blake3(folder realpath)[:32]>.msgpack``
+  maps a key to (device, inode, size, mtime_ns, ctime_ns, digest).  An entry is
+  used only on an exact match of all five (ctime too: ``utime`` can put mtime
+  back, but nothing can set ctime).  It is written by temp file + atomic rename
+  (last writer wins, which is safe because entries are exact-stat keyed) and
+  read tolerantly: a damaged file or entry is ignored, never trusted.  Files
+  modified within ``RACY_SECONDS`` of the save are not cached (git's "racy
+  clean" problem: a second write in the same timestamp tick would leave the
+  stat unchanged and the cached digest wrong).
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import logging
+import os
+import stat as stat_mod
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+
+import msgpack
+
+from ._fs import write_file_atomic
+from ._layout import TMP
+from ._paths import key_problem
+from ._progress import Progress
+from .digest import Digest, hash_bytes, hash_fd
+from .errors import (
+    FileChangedError,
+    IntegrityError,
+    InvalidDigestError,
+    InvalidInputError,
+    InvalidTypeError,
+    ManifestNotFoundError,
+)
+from .manifests import Manifest
+
+if TYPE_CHECKING:
+    from .store import Store
+
+__all__ = ["AddResult", "FolderStatus", "Skipped", "add_folder", "folder_status", "RACY_SECONDS", "ATTEMPTS"]
+
+log = logging.getLogger("casstore.folders")
+
+RACY_SECONDS = 2.0
+"""A file modified this recently is re-hashed after its copy and never stat-cached (coarse timestamps)."""
+ATTEMPTS = 3
+"""Copies of a changing file before :class:`FileChangedError`."""
+CACHE_DIR = "cache/stat"
+"""Where stat caches live under the store root."""
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_CACHE_VERSION = 1
+_CACHE_MAX_BYTES = 1 << 30  # a cache bigger than this is garbage, not a cache
+
+StatKey = Tuple[int, int, int, int, int]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A path left out of a snapshot, and why (a symlink, a FIFO, a socket, a device...)."""
+
+    path: str
+    """The relative POSIX path inside the folder."""
+    reason: str
+    """Why it was left out."""
+
+
+@dataclass(frozen=True)
+class FolderStatus:
+    """How a folder differs from a version (keys, sorted)."""
+
+    added: Tuple[str, ...]
+    """Files in the folder that the version does not have."""
+    modified: Tuple[str, ...]
+    """Files whose content differs from the version's."""
+    deleted: Tuple[str, ...]
+    """Keys of the version missing from the folder."""
+    unchanged: Tuple[str, ...]
+    """Files equal to the version's."""
+    skipped: Tuple[Skipped, ...] = ()
+    """Symlinks and special files that ``add`` would leave out."""
+    version: Optional[Digest] = None
+    """The version compared against (``None``: the name has no version yet)."""
+    hashed: int = 0
+    """Files whose contents were read (the rest came from the stat cache or differ in size)."""
+
+    def __bool__(self) -> bool:
+        """True if anything was added, modified or deleted."""
+        return bool(self.added or self.modified or self.deleted)
+
+
+@dataclass(frozen=True)
+class AddResult:
+    """What :meth:`Store.add` did."""
+
+    manifest: Manifest
+    """The head after the add (the previous head if nothing changed)."""
+    created: bool
+    """False when the folder equalled the head: no new version was made."""
+    added: Tuple[str, ...]
+    """Keys new in this version."""
+    modified: Tuple[str, ...]
+    """Keys whose content changed."""
+    deleted: Tuple[str, ...]
+    """Keys of the previous head no longer in the folder."""
+    skipped: Tuple[Skipped, ...]
+    """Symlinks and special files left out (also logged as warnings)."""
+    hashed: int
+    """Files read and stored (the rest came from the stat cache)."""
+    hashed_bytes: int
+    """Bytes of the files read."""
+
+    @property
+    def digest(self) -> Digest:
+        """The version digest of :attr:`manifest`."""
+        return self.manifest.digest
+
+
+@dataclass(frozen=True)
+class _File:
+    key: str
+    st: StatKey
+
+
+def _stat_key(st: os.stat_result) -> StatKey:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _patterns(exclude: Optional[Iterable[str]]) -> Tuple[str, ...]:
+    if exclude is None:
+        return ()
+    if isinstance(exclude, str):
+        exclude = (exclude,)
+    out = []
+    for g in exclude:
+        if not isinstance(g, str):
+            raise InvalidTypeError(f"exclude patterns are glob strings, not {type(g).__name__}")
+        if not g:
+            raise InvalidInputError("an exclude pattern is empty")
+        out.append(g)
+    return tuple(out)
+
+
+def _excluded(rel: str, patterns: Sequence[str]) -> bool:
+    """``rel`` matches a glob as a whole path or in any one of its segments."""
+    if not patterns:
+        return False
+    segs = rel.split("/")
+    return any(fnmatch.fnmatchcase(rel, g) or any(fnmatch.fnmatchcase(s, g) for s in segs) for g in patterns)
+
+
+def _open_root(folder: Path) -> int:
+    # The folder itself may be a symlink: the user named it.  Nothing under it is followed.
+    try:
+        return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise InvalidInputError(f"no such folder: {folder}") from None
+    except NotADirectoryError:
+        raise InvalidInputError(f"{folder} is not a directory; add snapshots a folder (put_path stores a file)") \
+            from None
+
+
+def _special(mode: int) -> str:
+    if stat_mod.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat_mod.S_ISSOCK(mode):
+        return "a socket"
+    if stat_mod.S_ISCHR(mode) or stat_mod.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _scan(fd: int, prefix: str, patterns: Sequence[str], files: List[_File], skipped: List[Skipped]) -> List[str]:
+    """Files of one directory into ``files``; return its subdirectory names."""
+    subdirs: List[str] = []
+    with os.scandir(fd) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for e in entries:
+        rel = prefix + e.name
+        if _excluded(rel, patterns):
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+        except FileNotFoundError:  # removed since listed
+            continue
+        mode = st.st_mode
+        if stat_mod.S_ISLNK(mode):
+            skipped.append(Skipped(rel, "a symlink (never followed)"))
+        elif stat_mod.S_ISDIR(mode):
+            subdirs.append(e.name)
+        elif stat_mod.S_ISREG(mode):
+            files.append(_File(rel, _stat_key(st)))
+        else:
+            skipped.append(Skipped(rel, _special(mode)))
+    return subdirs
+
+
+def _walk(root_fd: int, patterns: Sequence[str]) -> Tuple[List[_File], List[Skipped]]:
+    """Every regular file under ``root_fd`` (depth first; one fd open per level, never more)."""
+    files: List[_File] = []
+    skipped: List[Skipped] = []
+    stack: List[Tuple[int, str, List[str]]] = [(root_fd, "", _scan(root_fd, "", patterns, files, skipped))]
+    try:
+        while stack:
+            fd, prefix, subdirs = stack[-1]
+            if not subdirs:
+                stack.pop()
+                if fd != root_fd:
+                    os.close(fd)
+                continue
+            name = subdirs.pop(0)
+            rel = prefix + name
+            try:
+                child = os.open(name, _DIR, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            except OSError:  # ELOOP/ENOTDIR: a symlink or file swapped in since the scan
+                skipped.append(Skipped(rel, "replaced by a non-directory during the walk"))
+                continue
+            try:
+                subs = _scan(child, rel + "/", patterns, files, skipped)
+            except BaseException:
+                os.close(child)
+                raise
+            stack.append((child, rel + "/", subs))
+    finally:
+        for fd, _, _ in stack:
+            if fd != root_fd:
+                os.close(fd)
+    files.sort(key=lambda f: f.key)
+    return files, skipped
+
+
+def _open_file(root_fd: int, key: str) -> int:
+    """Open ``key`` under ``root_fd`` without following any symlink on the way."""
+    segs = key.split("/")
+    fd = root_fd
+    try:
+        for seg in segs[:-1]:
+            nxt = os.open(seg, _DIR, dir_fd=fd)
+            if fd != root_fd:
+                os.close(fd)
+            fd = nxt
+        return os.open(segs[-1], _READ, dir_fd=fd)
+    finally:
+        if fd != root_fd:
+            os.close(fd)
+
+
+def _check_keys(files: Sequence[_File]) -> None:
+    bad = [(f.key, p) for f in files for p in (key_problem(f.key),) if p is not None]
+    if bad:
+        shown = "; ".join(f"{k!r:.120}: {p}" for k, p in bad[:5])
+        more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
+        raise InvalidInputError(
+            f"{len(bad)} file name(s) cannot be manifest keys{more}: {shown}; rename them or leave them out "
+            "with exclude=[...] (nothing was stored)"
+        )
+
+
+# -- the stat cache ------------------------------------------------------------
+
+
+class _StatCache:
+    def __init__(self, store: Store, folder: Path) -> None:
+        real = os.path.realpath(folder)
+        self.path = store.root / CACHE_DIR / f"{hash_bytes(os.fsencode(real)).hex[:32]}.msgpack"
+        self.root = real
+        self.store = store
+        self.entries: Dict[str, Tuple[StatKey, Digest]] = {}
+        self.dirty = False
+        self._load()
+
+    def _load(self) -> None:
+        # Tolerant: anything odd means "no entry"; an entry is only ever used on an exact stat match.
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read(_CACHE_MAX_BYTES + 1)
+            if len(raw) > _CACHE_MAX_BYTES:
+                return
+            doc = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+        except Exception:  # noqa: BLE001 - a missing or corrupt cache is no cache
+            return
+        if not isinstance(doc, dict) or doc.get("v") != _CACHE_VERSION or doc.get("root") != self.root:
+            return
+        ents = doc.get("entries")
+        if not isinstance(ents, dict):
+            return
+        for k, v in ents.items():
+            if not (isinstance(k, str) and isinstance(v, list) and len(v) == 6
+                    and all(type(x) is int for x in v[:5]) and isinstance(v[5], str)):
+                continue
+            try:
+                d = Digest(v[5])
+            except InvalidDigestError:
+                continue
+            self.entries[k] = ((v[0], v[1], v[2], v[3], v[4]), d)
+
+    def get(self, key: str, st: StatKey) -> Optional[Digest]:
+        e = self.entries.get(key)
+        return e[1] if e is not None and e[0] == st else None
+
+    def put(self, key: str, st: StatKey, d: Digest) -> None:
+        if self.entries.get(key) != (st, d):
+            self.entries[key] = (st, d)
+            self.dirty = True
+
+    def save(self, present: Set[str]) -> None:
+        racy = time.time_ns() - int(RACY_SECONDS * 1e9)
+        keep = {k: e for k, e in self.entries.items() if k in present and e[0][3] < racy and e[0][4] < racy}
+        if not self.dirty and len(keep) == len(self.entries):
+            return
+        doc = {"v": _CACHE_VERSION, "root": self.root,
+               "entries": {k: [*st, d.hex] for k, (st, d) in keep.items()}}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_file_atomic(self.store.root / TMP, self.path, msgpack.packb(doc, use_bin_type=True),
+                              durable=False, mode=0o644)
+        except OSError as e:  # a read-only store still answers; it just re-reads next time
+            log.debug("stat cache %s not written: %s", self.path, e)
+
+
+# -- hashing -------------------------------------------------------------------
+
+
+def _racy(st: StatKey) -> bool:
+    return st[3] >= time.time_ns() - int(RACY_SECONDS * 1e9) or st[4] >= time.time_ns() - int(RACY_SECONDS * 1e9)
+
+
+def _read_one(store: Store, root_fd: int, key: str, keep: bool) -> Tuple[Digest, StatKey, int]:
+    """Store (``keep``) or just hash one file; retried while it changes under us."""
+    try:
+        fd = _open_file(root_fd, key)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):  # replaced by a symlink, or removed
+            raise FileNotFoundError(e.errno, f"{key} is gone") from None
+        raise
+    try:
+        for attempt in range(ATTEMPTS):
+            before = os.fstat(fd)
+            if not stat_mod.S_ISREG(before.st_mode):  # a FIFO swapped in since the walk (O_NONBLOCK: no hang)
+                raise FileNotFoundError(errno.ENOENT, f"{key} is no longer a regular file")
+            try:
+                if keep:
+                    # /proc/self/fd reopens this very inode, so put_path keeps its in-kernel copy and
+                    # hashes the staged copy; no path lookup can land on a swapped-in symlink.
+                    d = store.objects.put_path(f"/proc/self/fd/{fd}")
+                else:
+                    d = hash_fd(fd, before.st_size)
+                after = os.fstat(fd)
+                st = _stat_key(after)
+                if st == _stat_key(before) and (not keep or not _racy(st) or hash_fd(fd, st[2]) == d):
+                    return d, st, st[2]
+            except IntegrityError:  # shrank while hashed
+                pass
+            time.sleep(0.01 * (attempt + 1))
+        raise FileChangedError(
+            f"{key!r} changed every time it was read ({ATTEMPTS} attempts); stop the writer or exclude it "
+            "(nothing was committed)"
+        )
+    finally:
+        os.close(fd)
+
+
+def _workers() -> int:
+    return max(2, min(4, os.cpu_count() or 2))
+
+
+def _digests(store: Store, root_fd: int, files: Sequence[_File], cache: _StatCache, *, keep: bool,
+             progress: Optional[bool], desc: str, need: Optional[Mapping[str, int]] = None
+             ) -> Tuple[Dict[str, Digest], int, int]:
+    """key -> digest for ``files``: from the cache on an exact stat match, else read (on a pool)."""
+    out: Dict[str, Digest] = {}
+    todo: List[_File] = []
+    for f in files:
+        d = cache.get(f.key, f.st)
+        if d is not None and keep and not store.objects.has(d):
+            d = None  # collected since it was cached: store it again
+        if d is not None:
+            out[f.key] = d
+        elif need is not None and f.key in need and need[f.key] != f.st[2]:
+            continue  # status: a different size is modified without reading a byte
+        else:
+            todo.append(f)
+    total = sum(f.st[2] for f in todo)
+    if not todo:
+        return out, 0, 0
+    with Progress(total, desc=desc, enabled=progress) as bar, ThreadPoolExecutor(
+            _workers(), thread_name_prefix="casstore-add") as pool:
+        pending: Dict[Future[Tuple[Digest, StatKey, int]], _File] = {
+            pool.submit(_read_one, store, root_fd, f.key, keep): f for f in todo}
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    f = pending.pop(fut)
+                    try:
+                        d, st, n = fut.result()
+                    except FileNotFoundError:
+                        # removed or replaced (by a symlink, a FIFO) since the walk: not in the snapshot
+                        log.warning("skipped %s: removed or replaced while the folder was read", f.key)
+                        continue
+                    out[f.key] = d
+                    cache.put(f.key, st, d)
+                    bar.update(n)
+        finally:
+            for fut in pending:
+                fut.cancel()
+    return out, len(todo), total
+
+
+# -- the operations ------------------------------------------------------------
+
+
+def _folder(folder: object) -> Path:
+    if not isinstance(folder, (str, os.PathLike)):
+        raise InvalidTypeError(f"a folder must be a str or os.PathLike, not {type(folder).__name__}")
+    raw = os.fspath(folder)
+    if not isinstance(raw, str) or not raw or "\x00" in raw:
+        raise InvalidInputError(f"invalid folder {raw!r}")
+    return Path(os.path.expanduser(raw)).absolute()
+
+
+def _warn(skipped: Sequence[Skipped], folder: Path) -> None:
+    for s in skipped:
+        log.warning("%s: skipped %s: %s", folder, s.path, s.reason)
+
+
+def add_folder(store: Store, name: str, folder: object, *, message: Optional[str] = None,
+               meta: Optional[Mapping[str, Any]] = None, exclude: Optional[Iterable[str]] = None,
+               progress: Optional[bool] = None) -> AddResult:
+    """Snapshot ``folder`` as one new version of ``name``; see :meth:`casstore.Store.add`."""
+    path = _folder(folder)
+    if message is not None and not isinstance(message, str):
+        raise InvalidTypeError(f"message must be a str, not {type(message).__name__}")
+    if meta is not None and not isinstance(meta, Mapping):
+        raise InvalidTypeError(f"meta must be a mapping, not {type(meta).__name__}")
+    patterns = _patterns(exclude)
+    root_fd = _open_root(path)
+    try:
+        files, skipped = _walk(root_fd, patterns)
+        _check_keys(files)  # before anything is stored
+        _warn(skipped, path)
+        cache = _StatCache(store, path)
+        digests, hashed, nbytes = _digests(store, root_fd, files, cache, keep=True, progress=progress, desc="add")
+    finally:
+        os.close(root_fd)
+    with store.edit(name) as m:
+        base = m.base
+        old = base.entries if base is not None else {}
+        added = tuple(k for k in digests if k not in old)
+        modified = tuple(k for k, d in digests.items() if k in old and old[k].digest != d)
+        deleted = tuple(k for k in old if k not in digests)
+        for k in added + modified:
+            m[k] = digests[k]
+        for k in deleted:
+            del m[k]
+        new_meta: Dict[str, Any] = dict(m.meta)
+        new_meta.pop("message", None)
+        if meta is not None:
+            new_meta.update(meta)
+        if message is not None:
+            new_meta["message"] = message
+        old_meta = {k: v for k, v in m.meta.items() if k != "message"}
+        if added or modified or deleted or {k: v for k, v in new_meta.items() if k != "message"} != old_meta \
+                or base is None:
+            m.meta.clear()
+            m.meta.update(new_meta)
+        if base is None and not digests:
+            # An empty folder as a new name is still a version: set and drop a placeholder
+            # key, which marks the edit changed (it is never looked up, so need not exist).
+            m["_"] = hash_bytes(b"")
+            del m["_"]
+        # else: the same files and metadata: no new version, the head is returned (a message alone
+        # does not make one; it describes a change and there is none).
+    result = m.result
+    assert result is not None
+    cache.save(set(digests))
+    return AddResult(manifest=result, created=result is not base, added=tuple(sorted(added)),
+                     modified=tuple(sorted(modified)), deleted=tuple(sorted(deleted)), skipped=tuple(skipped),
+                     hashed=hashed, hashed_bytes=nbytes)
+
+
+def folder_status(store: Store, name: str, folder: object, *, version: Optional[str] = None,
+                  exclude: Optional[Iterable[str]] = None, progress: Optional[bool] = None) -> FolderStatus:
+    """Compare ``folder`` with a version of ``name``; see :meth:`casstore.Store.status`."""
+    path = _folder(folder)
+    patterns = _patterns(exclude)
+    base: Optional[Manifest]
+    try:
+        base = store.manifest(version if version is not None else name)
+    except ManifestNotFoundError:
+        if version is not None:
+            raise
+        base = None  # nothing added yet: every file is new
+    old = base.entries if base is not None else {}
+    root_fd = _open_root(path)
+    try:
+        files, skipped = _walk(root_fd, patterns)
+        cache = _StatCache(store, path)
+        sizes = {k: e.size for k, e in old.items() if e.size is not None}
+        digests, hashed, _ = _digests(store, root_fd, files, cache, keep=False, progress=progress,
+                                      desc="status", need=sizes)
+    finally:
+        os.close(root_fd)
+    cache.save({f.key for f in files})
+    keys = {f.key for f in files}
+    added = sorted(k for k in keys if k not in old)
+    modified = sorted(k for k in keys if k in old and digests.get(k) != old[k].digest)
+    unchanged = sorted(k for k in keys if k in old and digests.get(k) == old[k].digest)
+    deleted = sorted(k for k in old if k not in keys)
+    return FolderStatus(tuple(added), tuple(modified), tuple(deleted), tuple(unchanged), tuple(skipped),
+                        base.digest if base is not None else None, hashed)

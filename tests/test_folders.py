@@ -1,0 +1,305 @@
+"""store.add / store.status: folders as snapshots (docs/folders.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+from conftest import b3
+
+import casstore
+from casstore import folders
+from casstore.cli.app import main
+
+
+def make_tree(root: Path, files: Dict[str, bytes]) -> None:
+    for key, data in files.items():
+        p = root / key
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+
+
+def folder_content(store: casstore.Store, name: str) -> Dict[str, bytes]:
+    m = store.manifest(name)
+    return {k: store.get(e.digest) for k, e in m.items()}
+
+
+FILES = {"a.txt": b"alpha", "sub/b.bin": os.urandom(3000), "sub/deep/c": b"", "d e f.txt": b"spaces"}
+
+
+@pytest.fixture
+def no_racy(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Files a test has just written are "racy" (modified < 2 s ago) and never cached; tests
+    # about the cache itself treat them as settled, one test below checks the racy rule.
+    monkeypatch.setattr(folders, "RACY_SECONDS", 0.0)
+
+
+def count_reads(monkeypatch: pytest.MonkeyPatch) -> List[str]:
+    """A probe: every file whose contents add/status read (stored or hashed)."""
+    seen: List[str] = []
+    real = folders._read_one
+
+    def probe(store: casstore.Store, root_fd: int, key: str, keep: bool) -> object:
+        seen.append(key)
+        return real(store, root_fd, key, keep)
+
+    monkeypatch.setattr(folders, "_read_one", probe)
+    return seen
+
+
+def test_add_snapshots_folder(store: casstore.Store, tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    r = store.add("exp", f, message="first", meta={"lr": 0.1})
+    assert r.created and r.added == tuple(sorted(FILES)) and not r.modified and not r.deleted
+    assert folder_content(store, "exp") == FILES
+    m = store.manifest("exp")
+    assert m.meta == {"lr": 0.1, "message": "first"} and m.digest == r.digest
+    assert r.hashed == len(FILES) and r.hashed_bytes == sum(map(len, FILES.values()))
+
+
+def test_add_is_one_version_with_deletions(store: casstore.Store, tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    first = store.add("exp", f).digest
+    (f / "a.txt").unlink()
+    (f / "sub/b.bin").write_bytes(b"changed")
+    (f / "new").write_bytes(b"n")
+    r = store.add("exp", f)
+    assert (r.added, r.modified, r.deleted) == (("new",), ("sub/b.bin",), ("a.txt",))
+    assert r.manifest.parent == first and len(store.history("exp")) == 2
+    assert folder_content(store, "exp") == {**{k: v for k, v in FILES.items() if k != "a.txt"},
+                                            "sub/b.bin": b"changed", "new": b"n"}
+
+
+def test_readd_unchanged_makes_no_version_and_reads_nothing(store: casstore.Store, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch, no_racy: None) -> None:
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    first = store.add("exp", f, message="one")
+    reads = count_reads(monkeypatch)
+    again = store.add("exp", f, message="a message alone is no change")
+    assert not again.created and again.digest == first.digest and again.hashed == 0
+    st = store.status("exp", f)
+    assert not st and st.unchanged == tuple(sorted(FILES)) and st.hashed == 0
+    assert reads == []  # neither add nor status opened a file's contents
+    assert len(store.history("exp")) == 1
+    # new metadata is a change
+    assert store.add("exp", f, meta={"k": 1}).created
+
+
+def test_cache_is_keyed_on_ctime_not_just_mtime(store: casstore.Store, tmp_path: Path, no_racy: None) -> None:
+    f = tmp_path / "f"
+    make_tree(f, {"x": b"AAAA"})
+    store.add("exp", f)
+    st0 = os.stat(f / "x")
+    time.sleep(0.01)
+    (f / "x").write_bytes(b"BBBB")  # same size, mtime put back: only ctime tells
+    os.utime(f / "x", ns=(st0.st_atime_ns, st0.st_mtime_ns))
+    assert os.stat(f / "x").st_mtime_ns == st0.st_mtime_ns
+    st = store.status("exp", f)
+    assert st.modified == ("x",) and st.hashed == 1
+    assert store.add("exp", f).modified == ("x",)
+    assert folder_content(store, "exp") == {"x": b"BBBB"}
+
+
+def test_recent_files_are_not_cached(store: casstore.Store, tmp_path: Path) -> None:
+    # Racy clean: a file written within RACY_SECONDS could be written again in the same
+    # timestamp tick without its stat changing, so it is read again until it settles.
+    f = tmp_path / "f"
+    make_tree(f, {"fresh": b"1"})
+    store.add("exp", f)
+    assert store.status("exp", f).hashed == 1
+    (f / "fresh").write_bytes(b"2")  # same size, probably the same mtime tick
+    assert store.status("exp", f).modified == ("fresh",)
+
+
+def test_corrupt_cache_is_ignored(store: casstore.Store, tmp_path: Path, no_racy: None) -> None:
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    store.add("exp", f)
+    caches = list((store.root / "cache" / "stat").iterdir())
+    assert len(caches) == 1
+    for junk in (b"\xff\x00garbage", b"", b"\x81\xa1v\x01"):  # garbage, empty, a map of the wrong shape
+        caches[0].write_bytes(junk)
+        st = store.status("exp", f)
+        assert st.unchanged == tuple(sorted(FILES)) and st.hashed == len(FILES)
+    (f / "a.txt").write_bytes(b"ALPHA")
+    caches[0].write_bytes(b"\x93")
+    assert store.status("exp", f).modified == ("a.txt",)
+
+
+def test_status_added_modified_deleted_and_versions(store: casstore.Store, tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    make_tree(tmp_path / "other", {"loose": b"l"})
+    st = store.status("exp", tmp_path / "other")
+    assert st.added == ("loose",)
+    assert st.version is None and not st.modified  # a name never added: everything is new
+    make_tree(f, {"keep": b"k", "change": b"c1", "gone": b"g"})
+    v1 = store.add("exp", f).digest
+    (f / "change").write_bytes(b"c2-longer")
+    (f / "gone").unlink()
+    (f / "new").write_bytes(b"n")
+    st = store.status("exp", f)
+    assert (st.added, st.modified, st.deleted, st.unchanged) == (("new",), ("change",), ("gone",), ("keep",))
+    assert st and st.version == v1
+    store.add("exp", f)
+    assert not store.status("exp", f)
+    old = store.status("exp", f, version="exp~1")
+    assert old.version == v1 and old.modified == ("change",) and old.deleted == ("gone",)
+    with pytest.raises(casstore.ManifestNotFoundError):
+        store.status("exp", f, version="exp~5")
+
+
+def test_symlinks_are_never_followed(store: casstore.Store, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    make_tree(outside, {"secret": b"do not take me"})
+    f = tmp_path / "f"
+    make_tree(f, {"real": b"r"})
+    os.symlink(outside / "secret", f / "to_file")
+    os.symlink(outside, f / "to_dir")
+    os.symlink("../outside/secret", f / "relative")
+    os.symlink("real", f / "inside")
+    r = store.add("exp", f)
+    assert list(store.manifest("exp")) == ["real"]
+    assert {s.path for s in r.skipped} == {"to_file", "to_dir", "relative", "inside"}
+    assert all("symlink" in s.reason for s in r.skipped)
+    assert not store.objects.has(casstore.Digest.coerce(b3(b"do not take me")))
+    st = store.status("exp", f)
+    assert not st and {s.path for s in st.skipped} == {"to_file", "to_dir", "relative", "inside"}
+
+
+def test_special_files_are_skipped_without_hanging(store: casstore.Store, tmp_path: Path) -> None:
+    import socket
+
+    f = tmp_path / "f"
+    make_tree(f, {"ok": b"1"})
+    os.mkfifo(f / "pipe")
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(f / "sock"))
+    out: Dict[str, object] = {}
+    t = threading.Thread(target=lambda: out.update(r=store.add("exp", f)), daemon=True)
+    t.start()
+    t.join(30)
+    s.close()
+    assert not t.is_alive(), "add hung on a FIFO"
+    r = out["r"]
+    assert isinstance(r, casstore.AddResult)
+    assert list(r.manifest) == ["ok"]
+    assert {(x.path, x.reason) for x in r.skipped} == {("pipe", "a FIFO (named pipe)"), ("sock", "a socket")}
+
+
+def test_exclude_globs(store: casstore.Store, tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    make_tree(f, {"keep.py": b"1", "x.tmp": b"2", "__pycache__/m.pyc": b"3", "sub/keep.txt": b"4",
+                  "sub/run.log": b"5", "sub/deep/__pycache__/n.pyc": b"6", "top.log": b"7"})
+    r = store.add("exp", f, exclude=["*.tmp", "__pycache__", "sub/*.log"])
+    assert sorted(r.manifest) == ["keep.py", "sub/keep.txt", "top.log"]
+    assert not store.status("exp", f, exclude=["*.tmp", "__pycache__", "sub/*.log"])
+    assert store.status("exp", f).added == ("__pycache__/m.pyc", "sub/deep/__pycache__/n.pyc", "sub/run.log",
+                                            "x.tmp")
+    with pytest.raises(casstore.InvalidTypeError):
+        store.add("exp", f, exclude=[3])  # type: ignore[list-item]
+
+
+def test_hostile_names_are_refused_before_anything_is_stored(store: casstore.Store, tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    make_tree(f, {"fine": b"fine bytes"})
+    for bad in ("new\nline", "back\\slash", "esc\x1b"):
+        (f / bad).write_bytes(b"x")
+    os.close(os.open(os.fsencode(f) + b"/latin1-\xe9", os.O_CREAT | os.O_WRONLY))
+    with pytest.raises(casstore.InvalidInputError) as ei:
+        store.add("exp", f)
+    msg = str(ei.value)
+    assert "4 file name(s)" in msg and "'new\\nline'" in msg and "exclude" in msg
+    assert "exp" not in store.heads()
+    assert not store.objects.has(casstore.Digest.coerce(b3(b"fine bytes")))  # nothing stored
+    r = store.add("exp", f, exclude=["*\n*", "*\\*", "*\x1b*", "latin1-*"])
+    assert list(r.manifest) == ["fine"]
+
+
+def test_empty_folder_and_bad_arguments(store: casstore.Store, tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    r = store.add("e", tmp_path / "empty")
+    assert r.created and len(r.manifest) == 0 and store.heads()["e"] == r.digest
+    assert not store.add("e", tmp_path / "empty").created
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(casstore.InvalidInputError, match="not a directory"):
+        store.add("e", tmp_path / "file")
+    with pytest.raises(casstore.InvalidInputError, match="no such folder"):
+        store.add("e", tmp_path / "nope")
+    with pytest.raises(casstore.InvalidTypeError):
+        store.add("e", 3)  # type: ignore[arg-type]
+
+
+WRITER = r"""
+import os, sys, time
+path, size = sys.argv[1], int(sys.argv[2])
+fd = os.open(path, os.O_WRONLY)
+i = 0
+while not os.path.exists(path + ".stop"):
+    i += 1
+    block = bytes([i % 251]) * (256 * 1024)
+    for off in range(0, size, len(block)):  # in place, a block at a time: a reader can see a mix
+        os.pwrite(fd, block, off)
+    time.sleep(0.05)
+"""
+
+
+def test_writer_during_add_never_yields_mixed_bytes(store: casstore.Store, tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    size = 4 << 20
+    make_tree(f, {"hot.bin": b"\x00" * size, "cold": b"c"})
+    w = subprocess.Popen([sys.executable, "-c", WRITER, str(f / "hot.bin"), str(size)])
+    ok = changed = 0
+    try:
+        time.sleep(0.1)
+        for _ in range(8):
+            try:
+                r = store.add("exp", f)
+            except casstore.FileChangedError as e:
+                assert "hot.bin" in str(e)
+                changed += 1
+                continue
+            ok += 1
+            data = store.get(r.manifest["hot.bin"].digest)
+            assert len(data) == size and data == data[:1] * size, "stored a mix of two writes"
+    finally:
+        (f / "hot.bin.stop").touch()
+        w.wait(10)
+    print(f"writer test: {ok} consistent snapshots, {changed} reported FileChangedError")
+    assert ok >= 1, f"every add saw the file change ({changed} times)"
+    for m in store.history("exp"):
+        data = store.get(m["hot.bin"].digest)
+        assert data == data[:1] * size
+
+
+def test_cli_add_and_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    s = str(tmp_path / "st")
+    f = tmp_path / "f"
+    make_tree(f, {"a": b"1", "b/c": b"2"})
+    assert main(["--store", s, "add", "exp", str(f), "-m", "hello", "--meta", "k=v", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["created"] and doc["added"] == ["a", "b/c"] and doc["files"] == 2
+    assert casstore.open(s).manifest("exp").meta == {"k": "v", "message": "hello"}
+    (f / "a").write_bytes(b"changed")
+    assert main(["--store", s, "status", "exp", str(f), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["modified"] == ["a"] and doc["unchanged"] == 1
+    assert main(["--store", s, "status", "exp", str(f)]) == 0
+    assert "modified  a" in capsys.readouterr().out
+    assert main(["--store", s, "add", "exp", str(f), "--exclude", "a"]) == 0
+    assert "1 deleted" in capsys.readouterr().out
+    (f / "bad\nname").write_bytes(b"x")
+    assert main(["--store", s, "add", "exp", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert "--exclude GLOB" in err and "exclude=" not in err
+    with pytest.raises(SystemExit):
+        main(["--store", s, "add", "exp", str(f), "--meta", "novalue"])
