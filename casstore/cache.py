@@ -61,7 +61,7 @@ from ._faults import fault
 from ._fs import disk_full, process_token
 from ._fs import pwrite_all as _pwrite_all
 from ._lock import DEFAULT_TIMEOUT
-from .digest import Digest, hash_fd
+from .digest import Digest, hash_fd, new_hasher
 from .errors import (
     CacheIndexError,
     CasstoreError,
@@ -252,6 +252,7 @@ def _remove_tree(path: str, owner: int, follower: Optional[_Follower] = None) ->
 
 _FOLLOW_STEP = 8 << 20  # hash (and start writing back) the data file in steps of this many bytes
 _FOLLOW_BUF = 2 << 20  # read (and hash) at most this much at a time
+_FINISH_WINDOW = 32 << 20  # preserve maps what is left in windows this large (a multiple of the step)
 _FOLLOW_POLL = 0.05  # seconds between looks at the data end while the cache is filled
 _SYNC_FILE_RANGE_WRITE = 2
 
@@ -300,7 +301,9 @@ class _Follower:
         st = os.fstat(self.dfd)
         self.ino = (st.st_dev, st.st_ino)
         self.pos = 0
-        self.h = blake3.blake3()  # one thread: the loader's workers need the other cores
+        # blake3's pool where that is fork-safe (digest.new_hasher): the same work either way,
+        # and what the thread had not caught up with when preserve comes is hashed on every core.
+        self.h = new_hasher(threaded=True)
         self.buf = bytearray(_FOLLOW_BUF)
         self.guard = threading.Lock()  # the thread's steps and finish() never interleave
         self.stop = threading.Event()
@@ -340,6 +343,24 @@ class _Follower:
                 self.sync(self.dfd, self.pos, n, _SYNC_FILE_RANGE_WRITE)  # a hint: its result is not needed
             self.pos += n
 
+    def _finish_to(self, size: int) -> None:
+        """Hash the rest of the frozen file in large windows (the pool splits them across cores).
+
+        The file is frozen (final size, in this process's own directory); each window is
+        checked against the file's size first (a map past the end would SIGBUS), and its
+        writeback starts before the next one is hashed, so the fsync that follows is short.
+        """
+        while self.pos < size:
+            if os.fstat(self.dfd).st_size < size:
+                self.failed = True
+                return
+            n = min(_FINISH_WINDOW, size - self.pos)
+            with mmap.mmap(self.dfd, n, prot=mmap.PROT_READ, offset=self.pos) as mm:
+                if self.sync is not None:
+                    self.sync(self.dfd, self.pos, n, _SYNC_FILE_RANGE_WRITE)
+                self.h.update(mm)
+            self.pos += n
+
     def finish(self, fd: int, size: int) -> Optional[Digest]:
         """The BLAKE3-256 of the frozen file open as ``fd`` (``size`` bytes), or None if unknown here."""
         if os.getpid() != self.pid or self.failed:
@@ -350,7 +371,7 @@ class _Follower:
             if (st.st_dev, st.st_ino) != self.ino or self.failed or self.pos > size:
                 return None
             try:
-                self._hash_to(size, writeback=False)
+                self._finish_to(size)
             except Exception:  # pragma: no cover
                 return None
             return None if self.failed else Digest(self.h.hexdigest())
