@@ -201,8 +201,9 @@ def _special(mode: int) -> str:
     return "not a regular file"
 
 
-def _scan(fd: int, prefix: str, patterns: Sequence[str], files: List[_File], skipped: List[Skipped]) -> List[str]:
-    """Files of one directory into ``files``; return its subdirectory names."""
+def _scan(fd: int, prefix: str, patterns: Sequence[str], files: List[_File], skipped: List[Skipped],
+          avoid: Tuple[int, int]) -> List[str]:
+    """Files of one directory into ``files``; return its subdirectory names (not ``avoid``, the store)."""
     subdirs: List[str] = []
     with os.scandir(fd) as it:
         entries = sorted(it, key=lambda e: e.name)
@@ -218,7 +219,10 @@ def _scan(fd: int, prefix: str, patterns: Sequence[str], files: List[_File], ski
         if stat_mod.S_ISLNK(mode):
             skipped.append(Skipped(rel, "a symlink (never followed)"))
         elif stat_mod.S_ISDIR(mode):
-            subdirs.append(e.name)
+            if (st.st_dev, st.st_ino) == avoid:  # a store inside the folder: never snapshot it into itself
+                skipped.append(Skipped(rel, "the casstore store itself"))
+            else:
+                subdirs.append(e.name)
         elif stat_mod.S_ISREG(mode):
             files.append(_File(rel, _stat_key(st)))
         else:
@@ -226,11 +230,11 @@ def _scan(fd: int, prefix: str, patterns: Sequence[str], files: List[_File], ski
     return subdirs
 
 
-def _walk(root_fd: int, patterns: Sequence[str]) -> Tuple[List[_File], List[Skipped]]:
+def _walk(root_fd: int, patterns: Sequence[str], avoid: Tuple[int, int]) -> Tuple[List[_File], List[Skipped]]:
     """Every regular file under ``root_fd`` (depth first; one fd open per level, never more)."""
     files: List[_File] = []
     skipped: List[Skipped] = []
-    stack: List[Tuple[int, str, List[str]]] = [(root_fd, "", _scan(root_fd, "", patterns, files, skipped))]
+    stack: List[Tuple[int, str, List[str]]] = [(root_fd, "", _scan(root_fd, "", patterns, files, skipped, avoid))]
     try:
         while stack:
             fd, prefix, subdirs = stack[-1]
@@ -249,7 +253,7 @@ def _walk(root_fd: int, patterns: Sequence[str]) -> Tuple[List[_File], List[Skip
                 skipped.append(Skipped(rel, "replaced by a non-directory during the walk"))
                 continue
             try:
-                subs = _scan(child, rel + "/", patterns, files, skipped)
+                subs = _scan(child, rel + "/", patterns, files, skipped, avoid)
             except BaseException:
                 os.close(child)
                 raise
@@ -276,6 +280,11 @@ def _open_file(root_fd: int, key: str) -> int:
     finally:
         if fd != root_fd:
             os.close(fd)
+
+
+def _store_id(store: Store) -> Tuple[int, int]:
+    st = os.stat(store.root)
+    return (st.st_dev, st.st_ino)
 
 
 def _check_keys(files: Sequence[_File]) -> None:
@@ -469,7 +478,7 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
     patterns = _patterns(exclude)
     root_fd = _open_root(path)
     try:
-        files, skipped = _walk(root_fd, patterns)
+        files, skipped = _walk(root_fd, patterns, _store_id(store))
         _check_keys(files)  # before anything is stored
         _warn(skipped, path)
         cache = _StatCache(store, path)
@@ -527,7 +536,7 @@ def folder_status(store: Store, name: str, folder: object, *, version: Optional[
     old = base.entries if base is not None else {}
     root_fd = _open_root(path)
     try:
-        files, skipped = _walk(root_fd, patterns)
+        files, skipped = _walk(root_fd, patterns, _store_id(store))
         cache = _StatCache(store, path)
         sizes = {k: e.size for k, e in old.items() if e.size is not None}
         digests, hashed, _ = _digests(store, root_fd, files, cache, keep=False, progress=progress,

@@ -303,3 +303,59 @@ def test_cli_add_and_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "--exclude GLOB" in err and "exclude=" not in err
     with pytest.raises(SystemExit):
         main(["--store", s, "add", "exp", str(f), "--meta", "novalue"])
+
+
+def test_path_swapped_for_a_symlink_after_the_walk_is_not_followed(store: casstore.Store, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # The race, made deterministic: the walk saw directory "d" with file "d/x"; before the file
+    # is read, "d" becomes a symlink to a directory outside holding an "x" of its own.
+    outside = tmp_path / "outside"
+    make_tree(outside, {"x": b"outside secret"})
+    f = tmp_path / "f"
+    make_tree(f, {"d/x": b"inside", "keep": b"k"})
+    real_walk = folders._walk
+
+    def walk_then_swap(*a: object) -> object:
+        out = real_walk(*a)  # type: ignore[arg-type]
+        (f / "d" / "x").unlink()
+        (f / "d").rmdir()
+        os.symlink(outside, f / "d")
+        return out
+
+    monkeypatch.setattr(folders, "_walk", walk_then_swap)
+    r = store.add("exp", f)
+    assert list(r.manifest) == ["keep"]
+    assert not store.objects.has(casstore.Digest.coerce(b3(b"outside secret")))
+
+
+def test_store_inside_the_folder_is_left_out(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    make_tree(f, {"data": b"d"})
+    store = casstore.open(f / ".casstore")
+    r = store.add("self", f)
+    assert list(r.manifest) == ["data"]
+    assert [(s.path, s.reason) for s in r.skipped] == [(".casstore", "the casstore store itself")]
+
+
+def test_progress_bar_when_asked(store: casstore.Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    store.add("exp", f, progress=True)
+    err = capsys.readouterr().err
+    assert "add: 100.0%" in err
+    (f / "a.txt").write_bytes(b"x")
+    store.add("exp", f)  # default: only on a terminal, and pytest's stderr is not one
+    assert capsys.readouterr().err == ""
+
+
+def test_cli_add_to_a_pin_names_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    s = str(tmp_path / "st")
+    f = tmp_path / "f"
+    make_tree(f, {"a": b"1"})
+    assert main(["--store", s, "add", "exp", str(f)]) == 0
+    assert main(["--store", s, "freeze", "exp"]) == 0
+    capsys.readouterr()
+    (f / "a").write_bytes(b"2")
+    assert main(["--store", s, "add", "exp", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert "casstore add exp-v2" in err and "store.edit" not in err

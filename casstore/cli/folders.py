@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Dict, List, Tuple
 
-from ..errors import FileChangedError, InvalidInputError
+from ..errors import FileChangedError, FrozenError, InvalidInputError
 from ..folders import Skipped
 from .common import Add, open_from_args
 
@@ -44,6 +44,9 @@ def cmd_add(args: argparse.Namespace) -> int:
         raise InvalidInputError(_cli_hint(e)) from None
     except FileChangedError as e:
         raise FileChangedError(_cli_hint(e)) from None
+    except FrozenError:
+        raise FrozenError(f"{args.name!r} is frozen (a pin) and can never change; add to a new name, "
+                          f"e.g. casstore add {args.name}-v2 {args.dir}") from None
     if args.json:
         print(json.dumps({"name": args.name, "version": str(r.digest), "created": r.created, "files": len(r.manifest),
                           "added": list(r.added), "modified": list(r.modified), "deleted": list(r.deleted),
