@@ -327,9 +327,16 @@ class Store:
         """Entries, metadata, derive params and inputs changed from ``a`` to ``b`` (names, digests or Manifests)."""
         return diff_versions(self, a, b)
 
-    def checkout(self, target: DigestLike, outdir: PathLike, *, overwrite: bool = False) -> List[Path]:
-        """Write a manifest's files under ``outdir`` (verified; reflinked where possible)."""
-        return checkout_version(self, target, outdir, overwrite=overwrite)
+    def checkout(self, target: DigestLike, outdir: PathLike, *, overwrite: bool = False, sync: bool = False,
+                 link: str = "copy", force: bool = False) -> List[Path]:
+        """Write a manifest's files under ``outdir`` (verified; reflinked where possible); return those written.
+
+        ``link``: ``"copy"`` | ``"reflink"`` | ``"hardlink"`` | ``"symlink"``.  ``sync=True`` also removes
+        the files the previous checkout of this name into ``outdir`` wrote that this version lacks (never
+        a file casstore did not write; never one changed since, unless ``force=True``).  See
+        docs/manifests.md, "Checkout: sync and link modes".
+        """
+        return checkout_version(self, target, outdir, overwrite=overwrite, sync=sync, link=link, force=force)
 
     # -- folders as snapshots (casstore.folders) ------------------------------------
 

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Tuple
 
 from .._progress import human_bytes
 from ..digest import Digest
-from ..errors import AmbiguousDigestError, FrozenError, InvalidDigestError, NameExistsError, ObjectNotFoundError
+from ..errors import (
+    AmbiguousDigestError,
+    FrozenError,
+    InvalidDigestError,
+    InvalidInputError,
+    NameExistsError,
+    ObjectNotFoundError,
+)
 from ..manifests import MetaDiff, is_internal
 from ..manifests.ops import same_meta
 from ..manifests.provenance import INPUTS_KEY
@@ -262,9 +269,13 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_checkout(args: argparse.Namespace) -> int:
-    """``casstore checkout TARGET DIR``."""
+    """``casstore checkout TARGET DIR [--sync [--force]] [--link MODE] [--overwrite]``."""
+    if args.force and not args.sync:
+        raise InvalidInputError("--force only applies with --sync (it lets sync remove or replace files changed "
+                                "since casstore wrote them); use --overwrite to replace other files")
     store = open_from_args(args, create=False)
-    written = store.checkout(args.target, args.dir, overwrite=args.overwrite)
+    written = store.checkout(args.target, args.dir, overwrite=args.overwrite, sync=args.sync, link=args.link,
+                             force=args.force)
     print(f"checked out {len(written)} file(s) into {args.dir}")
     return 0
 
@@ -316,7 +327,14 @@ def register(add: Add) -> None:
     sp = add("checkout", cmd_checkout, "write the files of a manifest into DIR (verified)")
     sp.add_argument("target", help=_TARGET_HELP)
     sp.add_argument("dir")
-    sp.add_argument("--overwrite", action="store_true")
+    sp.add_argument("--overwrite", action="store_true", help="replace files (and links) in the way")
+    sp.add_argument("--sync", action="store_true",
+                    help="also remove files the previous checkout of this name wrote that this version lacks")
+    sp.add_argument("--force", action="store_true", help="with --sync: also remove or replace such files "
+                    "changed since casstore wrote them")
+    sp.add_argument("--link", choices=("copy", "reflink", "hardlink", "symlink"), default="copy",
+                    help="copy (reflinked where possible), reflink (clone or error), hardlink or symlink "
+                         "(to the read-only object)")
     sp = add("log", cmd_log, "versions of a manifest, newest first")
     sp.add_argument("target", help=_TARGET_HELP)
     sp.add_argument("-n", "--limit", type=count_arg, default=None)

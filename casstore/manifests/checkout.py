@@ -34,24 +34,46 @@ from __future__ import annotations
 import bisect
 import errno
 import fcntl
+import logging
 import os
 import shutil
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+import msgpack
 
 from .._faults import fault
-from .._fs import copy_exact
-from ..digest import hash_fd
-from ..errors import IntegrityError, InvalidInputError, InvalidTypeError, ObjectNotFoundError, ReadOnlyError
+from .._fs import copy_exact, write_file_atomic
+from .._layout import TMP
+from ..digest import Digest, hash_bytes, hash_fd
+from ..errors import (
+    CasstoreError,
+    IntegrityError,
+    InvalidDigestError,
+    InvalidInputError,
+    InvalidTypeError,
+    ObjectNotFoundError,
+    ReadOnlyError,
+)
 from ..objects.reader import open_object_file
 from .model import Entry
-from .ops import Manifest, Target, read_manifest
+from .ops import Manifest, Target, read_manifest, resolve_target
 
 if TYPE_CHECKING:
     from ..store import Store
 
-__all__ = ["checkout"]
+__all__ = ["LINK_MODES", "RECORD_DIR", "checkout"]
+
+log = logging.getLogger(__name__)
+
+LINK_MODES = ("copy", "reflink", "hardlink", "symlink")
+"""How ``checkout(link=...)`` materializes a file (see docs/manifests.md, "Checkout: sync and link modes")."""
+RECORD_DIR = "cache/checkout"
+"""Where the record of what each checkout wrote lives under the store root."""
+_RECORD_VERSION = 1
+_RECORD_MAX_BYTES = 1 << 30  # bigger is garbage, not a record
+StatKey = Tuple[int, int, int, int]  # (dev, ino, size, mtime_ns) right after writing
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -104,6 +126,7 @@ class _Walker:
         self.overwrite = overwrite
         self.create = create
         self.stack: List[Tuple[str, int]] = []
+        self.created: List[str] = []  # directories this walk made ("a/b"), for the checkout record
 
     def parent(self, parts: Sequence[str]) -> Optional[int]:
         """The fd of directory ``parts`` (key segments without the leaf), or None if it does not exist yet."""
@@ -141,6 +164,7 @@ class _Walker:
             os.unlink(seg, dir_fd=fd)  # the link (or file) itself, never what it points to
         try:
             os.mkdir(seg, 0o777, dir_fd=fd)
+            self.created.append("/".join(rel))
         except FileExistsError:
             pass  # made meanwhile: opened below without following links, like any other
         return os.open(seg, _DIR, dir_fd=fd)
@@ -175,26 +199,38 @@ def _same_file(dir_fd: int, leaf: str, e: Entry, size: int) -> bool:
         os.close(fd)
 
 
+_NOT_SUPPORTED = (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EBADF, errno.EPERM)
+
+
 def _reflink(src: int, dst: int) -> bool:
     try:
         fcntl.ioctl(dst, _FICLONE, src)
         return True
     except OSError as e:
-        if e.errno in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EBADF,
-                       errno.EPERM):
+        if e.errno in _NOT_SUPPORTED:
             return False
         raise
 
 
-def _fill(store: Store, e: Entry, fd: int) -> None:
+def _fill(store: Store, e: Entry, fd: int, dest: Path, *, strict_reflink: bool) -> None:
     """Write the entry's object into ``fd`` (a new, empty file) and verify what was written."""
     objects = store.objects
     loc = objects.locate(e.digest)
-    if loc.codec.byte_exact:
-        src, st = open_object_file(loc.path, e.digest)  # a regular file: never a planted link or FIFO
+    if strict_reflink and not loc.codec.byte_exact:
+        path = str(objects.raw_path(e.digest))  # a clone needs the raw bytes: materialized once, verified
+    else:
+        path = loc.path
+    if strict_reflink or loc.codec.byte_exact:
+        src, st = open_object_file(path, e.digest)  # a regular file: never a planted link or FIFO
         try:
             size = st.st_size
             if not _reflink(src, fd):
+                if strict_reflink:
+                    raise InvalidInputError(
+                        f"cannot reflink {dest}: the filesystem does not support cloning from the store at "
+                        f"{store.root} (FICLONE refused; btrfs and XFS on one filesystem can). Use link='copy' "
+                        "(reflinks where it can, copies otherwise) or link='hardlink'/'symlink'"
+                    )
                 copy_exact(src, fd, size)
         finally:
             os.close(src)
@@ -206,22 +242,161 @@ def _fill(store: Store, e: Entry, fd: int) -> None:
             shutil.copyfileobj(fi, fo, _CHUNK)  # the reader raises IntegrityError before the last chunk
 
 
+def _link_object(store: Store, e: Entry, pfd: int, tmp: str, dest: Path, link: str) -> None:
+    """Make ``tmp`` (in ``pfd``) a hard or symbolic link to the entry's raw object, verified first."""
+    objects = store.objects
+    path = str(objects.raw_path(e.digest))  # a compressed object is materialized raw once (verified)
+    src, st = open_object_file(path, e.digest)
+    try:
+        objects.verify_fd(e.digest, src, st, path)  # never link to corrupt bytes
+        if link == "symlink":
+            os.symlink(path, tmp, dir_fd=pfd)
+            return
+        try:
+            os.link(path, tmp, dst_dir_fd=pfd, follow_symlinks=False)
+        except OSError as err:
+            if err.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP):
+                raise InvalidInputError(
+                    f"cannot hardlink {dest} to object {e.digest} ({err.strerror}; the store at {store.root} and "
+                    "the folder must be on one filesystem that allows links). Use link='symlink' or 'copy'"
+                ) from None
+            raise
+        got = os.stat(tmp, dir_fd=pfd, follow_symlinks=False)
+        if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino):  # the object path was swapped after verifying
+            raise IntegrityError(f"object file {path} of {e.digest} changed while being linked; not checked out")
+    finally:
+        os.close(src)
+
+
+# -- the checkout record (what each checkout wrote; read as hostile input) --------
+
+
+class _Record:
+    """Files and directories that checkouts of one name wrote into one folder (``sync`` removes only these)."""
+
+    def __init__(self, store: Store, out: Path, name: str) -> None:
+        self.root = os.path.realpath(out)
+        self.name = name
+        ident = hash_bytes(os.fsencode(self.root) + b"\0" + name.encode("utf-8", "surrogateescape"))
+        self.path = store.root / RECORD_DIR / ident.hex[:32]
+        self.store = store
+        self.files: Dict[str, Tuple[Digest, StatKey]] = {}
+        self.dirs: Set[str] = set()
+        self.damaged: Optional[str] = None
+
+    def load(self) -> None:
+        """Read the record; a missing one is empty, a damaged one is empty and ``damaged`` says why."""
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read(_RECORD_MAX_BYTES + 1)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            self.damaged = f"unreadable ({e.strerror})"
+            return
+        try:
+            if len(raw) > _RECORD_MAX_BYTES:
+                raise ValueError("too large")
+            doc = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+            files, dirs = self._parse(doc)
+        except Exception as e:  # noqa: BLE001 - hostile bytes: any failure means "no record"
+            self.damaged = f"damaged ({type(e).__name__}: {e})"[:300]
+            return
+        self.files, self.dirs = files, dirs
+
+    def _parse(self, doc: object) -> Tuple[Dict[str, Tuple[Digest, StatKey]], Set[str]]:
+        if not isinstance(doc, dict) or doc.get("v") != _RECORD_VERSION:
+            raise ValueError("not a version-1 checkout record")
+        if doc.get("root") != self.root or doc.get("name") != self.name:
+            raise ValueError("written for another folder or name")
+        ents, dirs = doc.get("files"), doc.get("dirs")
+        if not isinstance(ents, dict) or not isinstance(dirs, list):
+            raise ValueError("files or dirs missing")
+        files: Dict[str, Tuple[Digest, StatKey]] = {}
+        for k, v in ents.items():
+            if not (isinstance(k, str) and _safe_key(k) and isinstance(v, list) and len(v) == 5
+                    and isinstance(v[0], str) and all(type(x) is int for x in v[1:])):
+                raise ValueError(f"bad entry {k!r:.100}")
+            try:
+                files[k] = (Digest(v[0]), (v[1], v[2], v[3], v[4]))
+            except InvalidDigestError:
+                raise ValueError(f"bad digest for {k!r:.100}") from None
+        if not all(isinstance(d, str) and _safe_key(d) for d in dirs):
+            raise ValueError("bad directory")
+        return files, set(dirs)
+
+    def save(self) -> None:
+        doc = {"v": _RECORD_VERSION, "root": self.root, "name": self.name,
+               "files": {k: [d.hex, *st] for k, (d, st) in sorted(self.files.items())},
+               "dirs": sorted(self.dirs)}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_file_atomic(self.store.root / TMP, self.path, msgpack.packb(doc, use_bin_type=True),
+                              durable=False, mode=0o644)
+        except OSError as e:  # a read-only store still checks out; a later sync just removes less
+            log.warning("checkout record %s not written (%s): a later sync will not remove these files",
+                        self.path, e.strerror)
+
+
+def _safe_key(k: str) -> bool:
+    """A relative path of plain segments (the record is hostile input: no '..', absolute or empty parts)."""
+    parts = k.split("/")
+    return bool(k) and "\0" not in k and all(p not in ("", ".", "..") for p in parts)
+
+
+def _stat_key(st: os.stat_result) -> StatKey:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _open_parent(root_fd: int, parts: Sequence[str]) -> Optional[int]:
+    """fd of directory ``parts`` under ``root_fd``, never following a link; None if it is not a directory."""
+    fd = os.dup(root_fd)
+    for seg in parts:
+        try:
+            child = os.open(seg, _DIR, dir_fd=fd)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
+                return None  # gone, or a link/file planted where the directory was: never followed
+            raise
+        os.close(fd)
+        fd = child
+    return fd
+
+
 def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]], *,
-             overwrite: bool = False) -> List[Path]:
+             overwrite: bool = False, sync: bool = False, link: str = "copy", force: bool = False) -> List[Path]:
     """Materialize a manifest's files under ``outdir``; return the paths written.
 
     Files already holding the right bytes are left alone (and not returned).
     Each file is written to a temporary name beside its key, verified
     (re-hashed), then renamed, so a failed checkout never leaves a partial
-    file under a key.  Files are reflinked where the filesystem can (btrfs,
-    XFS), else copied.  Nothing is ever written outside ``outdir``: links in
+    file under a key.  Nothing is ever written outside ``outdir``: links in
     the target are never followed (see the module docstring).  A file with
     other content, a link or a special file in the way is an
     :class:`~casstore.errors.InvalidInputError` unless ``overwrite``.
+
+    ``link``: ``"copy"`` (reflinked where the filesystem can, else copied),
+    ``"reflink"`` (a clone or an error), ``"hardlink"`` / ``"symlink"`` (to
+    the read-only object file).  Every checkout records what it wrote (key,
+    and the file's device, inode, size and mtime) under the store;
+    ``sync=True`` also removes the files a previous checkout of the same name
+    into this folder wrote that this version lacks, and updates the ones it
+    changes -- never a file casstore did not write, and never one modified
+    since (its stat differs) unless ``force=True``.
     """
     if not isinstance(outdir, (str, os.PathLike)):
         raise InvalidTypeError(f"checkout() needs a directory path, not {type(outdir).__name__}")
-    man = read_manifest(store, target)
+    if link not in LINK_MODES:
+        raise InvalidInputError(f"link={link!r:.50} is not one of {', '.join(LINK_MODES)}")
+    for flag, what in ((overwrite, "overwrite"), (sync, "sync"), (force, "force")):
+        if not isinstance(flag, bool):
+            raise InvalidTypeError(f"checkout({what}=...) needs True or False, not {type(flag).__name__}")
+    if force and not sync:
+        raise InvalidInputError("force=True only applies with sync=True (it lets sync remove or replace "
+                                "files changed since casstore wrote them); for other files use overwrite=True")
+    digest, name, _ = resolve_target(store, target)
+    man = read_manifest(store, digest)
     _conflicts(man)
     out = Path(os.fspath(outdir)).absolute()
     for key, e in man.entries.items():
@@ -230,14 +405,21 @@ def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]],
                 f"cannot check out {man.digest}: entry {key!r} refers to {e.digest}, which is not in the store "
                 f"at {store.root}; nothing was checked out. Pull it from the remote that holds it"
             )
+    rec = _Record(store, out, name if name is not None else "")
+    rec.load()
+    if rec.damaged is not None:
+        log.warning("checkout record %s for %s is %s; treated as empty (sync removes nothing this time)",
+                    rec.path, out, rec.damaged)
     try:
-        return _checkout(store, man, out, overwrite=overwrite)
+        return _checkout(store, man, out, rec, overwrite=overwrite, sync=sync, link=link, force=force)
     except PermissionError as err:
         raise ReadOnlyError(f"cannot check out into {out}: {err.strerror} ({err.filename})") from None
 
 
-def _checkout(store: Store, man: Manifest, out: Path, *, overwrite: bool) -> List[Path]:
+def _checkout(store: Store, man: Manifest, out: Path, rec: _Record, *, overwrite: bool, sync: bool, link: str,
+              force: bool) -> List[Path]:
     todo: List[Tuple[str, Entry, bool]] = []  # (key, entry, expected to exist: a replacement)
+    kept: Dict[str, Tuple[Digest, StatKey]] = {}  # recorded files already in place (left alone)
     root_fd = _open_target(out, create=False)
     if root_fd is None:
         todo = [(k, e, False) for k, e in man.entries.items()]
@@ -250,30 +432,125 @@ def _checkout(store: Store, man: Manifest, out: Path, *, overwrite: bool) -> Lis
                 if pfd is None:
                     todo.append((key, e, False))
                     continue
-                present = _check_leaf(store, pfd, parts[-1], out / key, e, overwrite)
+                prev = rec.files.get(key)
+                ours = prev if sync else None  # replacing a file casstore wrote is sync's job
+                present = _check_leaf(store, pfd, parts[-1], out / key, e, overwrite, link=link, ours=ours,
+                                      force=force)
                 if present is not None:
                     todo.append((key, e, present))
+                elif prev is not None:
+                    try:
+                        st = _stat_key(os.stat(parts[-1], dir_fd=pfd, follow_symlinks=False))
+                    except FileNotFoundError:
+                        continue
+                    if st == prev[1] and prev[0] == e.digest:
+                        kept[key] = prev
         finally:
             walker.close()
             os.close(root_fd)
     fault("manifest.checkout_checked")
     written: List[Path] = []
-    if not todo:
-        return written
+    new_files: Dict[str, Tuple[Digest, StatKey]] = {}
+    created: List[str] = []
+    ok = False
+    try:
+        if todo:
+            _write_all(store, out, todo, written, new_files, created, overwrite=overwrite, link=link)
+        ok = True
+    finally:
+        # Record what was written even after a failure midway: those files are casstore's to sync later.
+        # Removal runs only after every new file is in place, so a failed sync removes nothing.
+        removed = _remove_stale(out, man, rec, force=force) if sync and ok else set()
+        files = {} if sync and ok else {k: v for k, v in rec.files.items() if k not in man.entries}
+        files.update(kept)
+        files.update(new_files)
+        rec.files = files
+        rec.dirs = (rec.dirs | set(created)) - removed
+        rec.save()
+    return written
+
+
+def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]], written: List[Path],
+               new_files: Dict[str, Tuple[Digest, StatKey]], created: List[str], *, overwrite: bool,
+               link: str) -> None:
     root_fd = _open_target(out, create=True)
     assert root_fd is not None
     walker = _Walker(root_fd, out, overwrite=overwrite, create=True)
+    key = ""
     try:
         for key, e, present in todo:
             parts = key.split("/")
             pfd = walker.parent(parts[:-1])
             assert pfd is not None
-            _write_one(store, pfd, parts[-1], out / key, e, replace=present or overwrite)
+            new_files[key] = (e.digest, _write_one(store, pfd, parts[-1], out / key, e,
+                                                   replace=present or overwrite, link=link))
             written.append(out / key)
+    except (CasstoreError, OSError) as err:
+        done = (f"checkout into {out} stopped at {key!r} after writing {len(written)} of {len(todo)} file(s) "
+                f"(each written file is whole and verified; nothing half-written is left; sync removed nothing)")
+        # Said in the error itself (its type kept, so callers catch it as before).
+        if isinstance(err, OSError) and err.strerror:
+            err.strerror = f"{err.strerror}. {done}"
+        else:
+            err.args = (f"{err}. {done}",)
+        raise
     finally:
+        created.extend(walker.created)
         walker.close()
         os.close(root_fd)
-    return written
+
+
+def _remove_stale(out: Path, man: Manifest, rec: _Record, *, force: bool) -> Set[str]:
+    """Remove recorded files the new version lacks (unmodified, or any file/link with ``force``); then
+    recorded directories left empty.  Returns the directories removed."""
+    stale = sorted(k for k in rec.files if k not in man.entries)
+    gone_dirs: Set[str] = set()
+    if not stale and not rec.dirs:
+        return gone_dirs
+    try:
+        root_fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return gone_dirs
+    left: List[str] = []
+    try:
+        for key in stale:
+            parts = key.split("/")
+            pfd = _open_parent(root_fd, parts[:-1])
+            if pfd is None:
+                continue
+            try:
+                try:
+                    st = os.stat(parts[-1], dir_fd=pfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                ours = _stat_key(st) == rec.files[key][1]
+                if ours or (force and (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode))):
+                    os.unlink(parts[-1], dir_fd=pfd)  # the entry itself: a link is removed, never followed
+                else:
+                    left.append(key)
+            finally:
+                os.close(pfd)
+        needed = {"/".join(k.split("/")[:i]) for k in man.entries for i in range(1, k.count("/") + 1)}
+        for d in sorted(rec.dirs - needed, key=lambda d: -d.count("/")):  # deepest first
+            parts = d.split("/")
+            pfd = _open_parent(root_fd, parts[:-1])
+            if pfd is None:
+                continue
+            try:
+                os.rmdir(parts[-1], dir_fd=pfd)  # only if empty; a link in its place is ENOTDIR: left alone
+                gone_dirs.add(d)
+            except FileNotFoundError:
+                gone_dirs.add(d)
+            except OSError:
+                pass
+            finally:
+                os.close(pfd)
+    finally:
+        os.close(root_fd)
+    if left:
+        log.warning("sync kept %d file(s) in %s that changed since casstore wrote them (pass force=True / "
+                    "--force to remove them): %s", len(left), out, ", ".join(left[:10]))
+    return gone_dirs
 
 
 def _open_target(out: Path, *, create: bool) -> Optional[int]:
@@ -293,8 +570,13 @@ def _open_target(out: Path, *, create: bool) -> Optional[int]:
         raise InvalidInputError(f"cannot check out into {out}: it (or a parent) is not a directory") from None
 
 
-def _check_leaf(store: Store, pfd: int, leaf: str, dest: Path, e: Entry, overwrite: bool) -> Optional[bool]:
-    """None: ``dest`` already holds the entry; False: nothing there; True: something to replace."""
+def _check_leaf(store: Store, pfd: int, leaf: str, dest: Path, e: Entry, overwrite: bool, *, link: str,
+                ours: Optional[Tuple[Digest, StatKey]], force: bool) -> Optional[bool]:
+    """None: ``dest`` already holds the entry; False: nothing there; True: something to replace.
+
+    ``ours``: what the previous checkout recorded at this key (sync only): a file still as casstore
+    wrote it (same stat) may be replaced without ``overwrite``; with ``force``, whatever file it is now.
+    """
     try:
         st = os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
     except FileNotFoundError:
@@ -303,14 +585,24 @@ def _check_leaf(store: Store, pfd: int, leaf: str, dest: Path, e: Entry, overwri
         raise InvalidInputError(
             f"{dest} is a directory where the manifest has a file; remove it (checkout never deletes directories)"
         )
+    replaceable = overwrite or (ours is not None and (force or _stat_key(st) == ours[1]))
+    if stat.S_ISLNK(st.st_mode) and link == "symlink":
+        loc = store.objects.locate(e.digest)
+        try:
+            if loc.codec.byte_exact and os.readlink(leaf, dir_fd=pfd) == loc.path:
+                return None
+        except OSError:
+            pass
     if stat.S_ISREG(st.st_mode):
+        if ours is not None and ours[0] == e.digest and _stat_key(st) == ours[1]:
+            return None  # as the previous checkout wrote it, and the same content: no need to re-hash
         size = e.size if e.size is not None else store.objects.stat(e.digest).size
         if st.st_size == size and _same_file(pfd, leaf, e, size):
             return None
-        if not overwrite:
+        if not replaceable:
             raise InvalidInputError(f"{dest} exists with other content; pass overwrite=True to replace it")
         return True
-    if not overwrite:
+    if not replaceable:
         raise InvalidInputError(
             f"{dest} is {_describe(pfd, leaf)}; checkout never writes through it. Remove it, or pass "
             "overwrite=True to replace it (the entry itself, inside the target; never what a link points to)"
@@ -318,14 +610,18 @@ def _check_leaf(store: Store, pfd: int, leaf: str, dest: Path, e: Entry, overwri
     return True
 
 
-def _write_one(store: Store, pfd: int, leaf: str, dest: Path, e: Entry, *, replace: bool) -> None:
+def _write_one(store: Store, pfd: int, leaf: str, dest: Path, e: Entry, *, replace: bool, link: str) -> StatKey:
+    """Write one key (temp name, verify, rename); return its (dev, ino, size, mtime_ns) for the record."""
     tmp = f".casstore-{os.getpid()}-{os.urandom(6).hex()}.part"  # not from leaf: a segment may be 255 bytes
-    fd = os.open(tmp, _CREATE, 0o666, dir_fd=pfd)
     try:
-        try:
-            _fill(store, e, fd)
-        finally:
-            os.close(fd)
+        if link in ("hardlink", "symlink"):
+            _link_object(store, e, pfd, tmp, dest, link)
+        else:
+            fd = os.open(tmp, _CREATE, 0o666, dir_fd=pfd)
+            try:
+                _fill(store, e, fd, dest, strict_reflink=link == "reflink")
+            finally:
+                os.close(fd)
         fault("manifest.checkout_before_rename")
         if not replace:
             try:
@@ -349,3 +645,4 @@ def _write_one(store: Store, pfd: int, leaf: str, dest: Path, e: Entry, *, repla
         except FileNotFoundError:
             pass
         raise
+    return _stat_key(os.stat(leaf, dir_fd=pfd, follow_symlinks=False))

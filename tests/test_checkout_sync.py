@@ -1,0 +1,278 @@
+"""``checkout(sync=..., link=..., force=...)``: sync removes only what a previous checkout of that name
+wrote (and the user left alone), never anything outside the folder; link modes make the right kind of file;
+a failure midway leaves no temp file and says how much was done."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+import casstore
+import casstore._faults
+from casstore import IntegrityError, InvalidInputError
+from casstore.manifests.checkout import RECORD_DIR
+
+
+def _version(s: casstore.Store, name: str, files: Dict[str, bytes], *, compress: bool = False) -> None:
+    with s.edit(name) as m:
+        for k in list(m):
+            del m[k]
+        for k, data in files.items():
+            m[k] = s.put(data, compress=compress or None)
+
+
+def _tree(root: Path) -> Dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.is_symlink()}
+
+
+V1 = {"a.txt": b"alpha", "sub/b.txt": b"beta", "sub/deep/c.txt": b"gamma", "keep.txt": b"same"}
+V2 = {"a.txt": b"ALPHA v2", "keep.txt": b"same", "new.txt": b"new"}
+
+
+@pytest.fixture
+def s(store: casstore.Store) -> casstore.Store:
+    _version(store, "exp", V1)
+    return store
+
+
+def test_sync_removes_only_what_the_previous_checkout_wrote_and_the_new_version_lacks(
+        s: casstore.Store, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    s.checkout("exp", out)
+    (out / "mine.txt").write_bytes(b"user file")          # never written by casstore
+    (out / "sub" / "user.txt").write_bytes(b"user in a dir casstore made")
+    _version(s, "exp", V2)
+    written = s.checkout("exp", out, sync=True)
+    assert sorted(p.relative_to(out).as_posix() for p in written) == ["a.txt", "new.txt"]
+    assert _tree(out) == {**V2, "mine.txt": b"user file", "sub/user.txt": b"user in a dir casstore made"}
+    assert not (out / "sub" / "deep").exists()             # an empty directory casstore made goes
+    assert (out / "sub").is_dir()                          # one holding a user's file stays
+    # Back to v1 and forward again: the record follows each checkout.
+    s.checkout("exp~1", out, sync=True)
+    assert _tree(out) == {**V1, "mine.txt": b"user file", "sub/user.txt": b"user in a dir casstore made"}
+
+
+def test_without_sync_nothing_is_removed_and_a_later_sync_still_knows(s: casstore.Store, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    s.checkout("exp", out)
+    _version(s, "exp", {**V1, "sub/b.txt": b"beta", "x.txt": b"x"})
+    s.checkout("exp", out)
+    _version(s, "exp", {"x.txt": b"x"})
+    s.checkout("exp", out, sync=True)
+    assert _tree(out) == {"x.txt": b"x"}
+
+
+def test_a_modified_recorded_file_stays_unless_force(s: casstore.Store, tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    out = tmp_path / "out"
+    s.checkout("exp", out)
+    (out / "sub" / "b.txt").write_bytes(b"edited by the user")
+    _version(s, "exp", V2)
+    with caplog.at_level(logging.WARNING):
+        s.checkout("exp", out, sync=True)
+    assert (out / "sub" / "b.txt").read_bytes() == b"edited by the user"
+    assert "changed since casstore wrote them" in caplog.text and "sub/b.txt" in caplog.text
+    # The file is the user's now: a later forced sync no longer owns it either.
+    s.checkout("exp", out, sync=True, force=True)
+    assert (out / "sub" / "b.txt").exists()
+
+
+def test_force_removes_a_modified_recorded_file(s: casstore.Store, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    s.checkout("exp", out)
+    (out / "sub" / "b.txt").write_bytes(b"edited by the user")
+    _version(s, "exp", V2)
+    s.checkout("exp", out, sync=True, force=True)
+    assert _tree(out) == V2
+
+
+def test_sync_updates_a_recorded_file_but_refuses_a_modified_one_without_force(
+        s: casstore.Store, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    s.checkout("exp", out)
+    (out / "a.txt").write_bytes(b"user edit")
+    _version(s, "exp", V2)
+    with pytest.raises(InvalidInputError, match="other content"):
+        s.checkout("exp", out, sync=True)
+    assert (out / "a.txt").read_bytes() == b"user edit" and (out / "sub" / "b.txt").exists()  # nothing removed
+    s.checkout("exp", out, sync=True, force=True)
+    assert _tree(out) == V2
+    with pytest.raises(InvalidInputError, match="only applies with sync"):
+        s.checkout("exp", out, force=True)
+
+
+def test_a_planted_link_is_neither_followed_nor_deleted_through(s: casstore.Store, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    outside = tmp_path / "outside"
+    s.checkout("exp", out)
+    # The user moves the directory casstore wrote elsewhere and leaves a link: the files outside carry
+    # exactly the recorded (dev, ino, size, mtime), so only refusing to follow the link protects them.
+    os.rename(out / "sub", outside)
+    os.symlink(outside, out / "sub")
+    os.symlink(outside / "deep" / "c.txt", out / "a.txt.link")
+    _version(s, "exp", V2)
+    s.checkout("exp", out, sync=True, force=True)
+    assert (outside / "b.txt").read_bytes() == b"beta"
+    assert (outside / "deep" / "c.txt").read_bytes() == b"gamma"
+    assert os.path.islink(out / "sub") and os.path.islink(out / "a.txt.link")
+
+
+def test_a_planted_link_at_a_recorded_key_is_only_unlinked_never_followed(s: casstore.Store,
+                                                                        tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"precious")
+    s.checkout("exp", out)
+    os.unlink(out / "sub" / "b.txt")
+    os.symlink(victim, out / "sub" / "b.txt")
+    _version(s, "exp", V2)
+    s.checkout("exp", out, sync=True)          # the link is not what casstore wrote: kept
+    assert os.path.islink(out / "sub" / "b.txt") and victim.read_bytes() == b"precious"
+
+
+@pytest.mark.parametrize("garbage", [b"", b"\xc1\xff not msgpack", b"\x81\xa1v\x01",
+                                     b"\x85\xa1v\x01\xa4root\xa1/\xa4name\xa3exp\xa5files\x80\xa4dirs\x90"])
+def test_a_damaged_record_means_sync_removes_nothing(s: casstore.Store, tmp_path: Path, garbage: bytes,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    out = tmp_path / "out"
+    s.checkout("exp", out)
+    (rec,) = (s.root / RECORD_DIR).iterdir()
+    rec.write_bytes(garbage)
+    _version(s, "exp", V2)
+    with caplog.at_level(logging.WARNING), pytest.raises(InvalidInputError, match="other content"):
+        s.checkout("exp", out, sync=True)   # a.txt is no longer known to be casstore's
+    assert "treated as empty" in caplog.text
+    s.checkout("exp", out, sync=True, overwrite=True)
+    assert _tree(out) == {**V1, **V2}   # nothing of v1 removed
+
+
+def test_a_hostile_record_with_dotdot_keys_is_refused(s: casstore.Store, tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    import msgpack
+    out = tmp_path / "out"
+    s.checkout("exp", out)
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"precious")
+    (rec,) = (s.root / RECORD_DIR).iterdir()
+    st = victim.stat()
+    doc = msgpack.unpackb(rec.read_bytes())
+    doc["files"]["../victim.txt"] = [doc["files"]["a.txt"][0], st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+    rec.write_bytes(msgpack.packb(doc))
+    _version(s, "exp", V2)
+    with caplog.at_level(logging.WARNING):
+        s.checkout("exp", out, sync=True, overwrite=True)
+    assert victim.read_bytes() == b"precious" and "treated as empty" in caplog.text
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_link_modes_make_the_right_kind_of_file(store: casstore.Store, tmp_path: Path, compress: bool) -> None:
+    _version(store, "exp", V1, compress=compress)
+    man = store.manifest("exp")
+    for mode in ("copy", "hardlink", "symlink"):
+        out = tmp_path / mode
+        store.checkout("exp", out, link=mode)
+        assert _tree(out) == V1 if mode != "symlink" else all((out / k).read_bytes() == v for k, v in V1.items())
+        for k in V1:
+            obj = store.raw_path(man[k].digest)
+            p = out / k
+            if mode == "hardlink":
+                assert (p.stat().st_dev, p.stat().st_ino) == (obj.stat().st_dev, obj.stat().st_ino)
+            elif mode == "symlink":
+                assert p.is_symlink() and os.readlink(p) == str(obj)
+            else:
+                assert not p.is_symlink() and p.stat().st_ino != obj.stat().st_ino
+        # A second checkout finds everything in place and writes nothing; sync leaves it all.
+        assert store.checkout("exp", out, link=mode, sync=True) == []
+        _version(store, "exp", V2, compress=compress)
+        store.checkout("exp", out, link=mode, sync=True)
+        assert all((out / k).read_bytes() == v for k, v in V2.items()) and not (out / "sub").exists()
+        _version(store, "exp", V1, compress=compress)
+
+
+def _can_reflink(d: Path) -> bool:
+    import fcntl
+    a, b = d / "probe-a", d / "probe-b"
+    a.write_bytes(b"x" * 4096)
+    with open(a, "rb") as fa, open(b, "wb") as fb:
+        try:
+            fcntl.ioctl(fb.fileno(), 0x40049409, fa.fileno())
+            return True
+        except OSError:
+            return False
+
+
+def test_reflink_is_a_clone_or_an_error_and_copy_falls_back(s: casstore.Store, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    if _can_reflink(tmp_path):  # btrfs/XFS: a clone, bytes equal
+        s.checkout("exp", out, link="reflink")
+        assert _tree(out) == V1
+    else:  # this machine's ext4/tmpfs: the documented policy is an error, with nothing left behind
+        with pytest.raises(InvalidInputError, match="cannot reflink .*after writing 0 of 4 file"):
+            s.checkout("exp", out, link="reflink")
+        assert _tree(out) == {} and not list(out.rglob(".casstore-*"))
+    s.checkout("exp", tmp_path / "copied", link="copy")  # copy reflinks where it can, else copies
+    assert _tree(tmp_path / "copied") == V1
+
+
+def test_bad_link_mode_is_a_typed_error(s: casstore.Store, tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError, match="not one of"):
+        s.checkout("exp", tmp_path / "o", link="softlink")
+    with pytest.raises(casstore.InvalidTypeError):
+        s.checkout("exp", tmp_path / "o", sync="yes")  # type: ignore[arg-type]
+
+
+def test_failure_midway_leaves_no_temp_file_and_counts_what_was_done(s: casstore.Store, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    seen: List[str] = []
+
+    def hook(p: str) -> None:
+        if p == "manifest.checkout_before_rename":
+            seen.append(p)
+            if len(seen) == 3:  # the 3rd key ("sub/b.txt") became a directory meanwhile
+                (out / "sub" / "b.txt").mkdir()
+    casstore._faults.hook = hook
+    try:
+        with pytest.raises(InvalidInputError, match=r"now a directory.*stopped at 'sub/b.txt' after writing "
+                                                    r"2 of 4 file"):
+            s.checkout("exp", out, link="copy")
+    finally:
+        casstore._faults.hook = None
+    assert not [p for p in out.rglob("*") if p.name.startswith(".casstore-")]
+    assert _tree(out) == {"a.txt": b"alpha", "keep.txt": b"same"}
+
+
+def test_a_corrupt_object_midway_stops_a_sync_before_it_removes_anything(store: casstore.Store,
+                                                                         tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _version(store, "exp", V1)
+    store.checkout("exp", out)
+    _version(store, "exp", {"a.txt": b"A2", "z.txt": b"zz"})
+    d = store.manifest("exp")["z.txt"].digest
+    p = store.raw_path(d)
+    os.chmod(p, 0o644)
+    p.write_bytes(b"ZZ")
+    for mode, done in (("copy", "1 of 2"), ("hardlink", "0 of 1")):  # a.txt is in place the second time
+        with pytest.raises(IntegrityError, match=f"stopped at 'z.txt' after writing {done} file"):
+            store.checkout("exp", out, sync=True, link=mode)
+        assert (out / "sub" / "b.txt").exists() and not list(out.rglob(".casstore-*"))
+
+
+def test_cli_checkout_sync_and_link(s: casstore.Store, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    cli = [sys.executable, "-m", "casstore.cli", "--store", str(s.root), "checkout", "exp", str(out)]
+    r = subprocess.run([*cli, "--link", "hardlink"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (out / "a.txt").stat().st_nlink == 2
+    _version(s, "exp", V2)
+    r = subprocess.run([*cli, "--sync", "--link", "symlink"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (out / "new.txt").is_symlink() and not (out / "sub").exists()
+    r = subprocess.run([*cli, "--force"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--sync" in r.stderr
