@@ -26,7 +26,15 @@ Hazards (issue 11, "nothing is written outside the target", "never hang, never f
   checkout fails with a typed error instead.
 * A failure midway never leaves a half-written file under a key: content is
   written to a temporary name, verified (re-hashed), and only then renamed.
-  Files completed before the failure stay (each whole and verified).
+  Files completed before the failure stay (each whole and verified), and the
+  error ends with how many were written and at which key it stopped.
+* ``sync`` (issue 12): only files a previous checkout of the same name into the
+  same folder recorded (key, digest, dev/ino/size/mtime right after the
+  rename) and that still stat the same are removed; the record under
+  ``<store>/cache/checkout`` is hostile input (bad -> empty, warned); removal
+  walks with ``O_NOFOLLOW`` per segment and runs only after every new file is
+  in place.  ``link``: copy | reflink (clone or error) | hardlink | symlink to
+  the verified raw object.  See docs/manifests.md, "Checkout: sync and link modes".
 """
 
 from __future__ import annotations
