@@ -321,6 +321,26 @@ def _fallocate() -> Optional[Callable[[int, int, int, int], int]]:
     return _fallocate_fn[0]
 
 
+_SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start writeback of dirty pages, do not wait
+_sfr_fn: List[Optional[Callable[[int, int, int, int], int]]] = []
+
+
+def _sync_file_range() -> Optional[Callable[[int, int, int, int], int]]:
+    """libc's sync_file_range (Linux), looked up once; None elsewhere."""
+    if not _sfr_fn:
+        fn: Optional[Callable[[int, int, int, int], int]] = None
+        if sys.platform.startswith("linux"):
+            try:
+                f = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).sync_file_range
+                f.argtypes = (ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint)
+                f.restype = ctypes.c_int
+                fn = f
+            except (OSError, AttributeError):  # pragma: no cover
+                fn = None
+        _sfr_fn.append(fn)
+    return _sfr_fn[0]
+
+
 def fresh_bytes(n: int) -> Optional[Tuple[bytes, memoryview]]:
     """A new, uninitialized ``bytes`` of length ``n`` and a writable view of its storage.
 
@@ -526,6 +546,18 @@ class Staging:
             err = ctypes.get_errno()
             if err in NO_SPACE:
                 raise disk_full(OSError(err, os.strerror(err)), self.path.parent)
+
+    def start_writeback(self, off: int, n: int) -> None:
+        """Ask the kernel to start writing ``n`` bytes from ``off`` to disk now, without waiting.
+
+        ``sync_file_range(SYNC_FILE_RANGE_WRITE)`` (Linux): the disk flushes while the
+        caller goes on writing and hashing, so the final fsync waits only for the
+        tail.  It is a hint, never durability (that is still fsync's): where it is
+        missing or fails, nothing happens.
+        """
+        fn = _sync_file_range()
+        if fn is not None and n > 0:
+            fn(self.fd, off, n, _SYNC_FILE_RANGE_WRITE)
 
     def sync(self) -> None:
         """fsync the staged data."""
