@@ -117,8 +117,11 @@ def test_forked_child_uses_helpers(store: casstore.Store) -> None:
 
 
 @pytest.mark.parametrize("where", ["first-block", "middle", "last-byte"])
-def test_get_array_pipelined_flipped_byte(store: casstore.Store, where: str) -> None:
-    a = np.random.default_rng(1).random(MiB, dtype=np.float32)  # 4 MiB: the pipelined path
+# 1 MiB: one-thread helper in quarters; 4 MiB: blake3's pool, a quarter then the rest;
+# 20 MiB: the pool, a quarter then 8 MiB blocks
+@pytest.mark.parametrize("n", [MiB // 4, MiB, 5 * MiB])
+def test_get_array_pipelined_flipped_byte(store: casstore.Store, where: str, n: int) -> None:
+    a = np.random.default_rng(1).random(n, dtype=np.float32)
     d = store.put_array(a)
     size = store.stat(d).size
     assert np.array_equal(store.get_array(d), a)
