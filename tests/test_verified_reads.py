@@ -117,9 +117,9 @@ def test_forked_child_uses_helpers(store: casstore.Store) -> None:
 
 
 @pytest.mark.parametrize("where", ["first-block", "middle", "last-byte"])
-# 1 MiB: one-thread helper in quarters; 4 MiB: blake3's pool, a quarter then the rest;
-# 20 MiB: the pool, a quarter then 8 MiB blocks
-@pytest.mark.parametrize("n", [MiB // 4, MiB, 5 * MiB])
+# 1 and 4 MiB: read whole, then hashed; 8 MiB (the pipeline's threshold): the helper with
+# blake3's pool, a quarter then the rest; 20 MiB: a quarter then 8 MiB blocks
+@pytest.mark.parametrize("n", [MiB // 4, MiB, 2 * MiB, 5 * MiB])
 def test_get_array_pipelined_flipped_byte(store: casstore.Store, where: str, n: int) -> None:
     a = np.random.default_rng(1).random(n, dtype=np.float32)
     d = store.put_array(a)
@@ -137,7 +137,7 @@ def test_get_array_pipelined_flipped_byte(store: casstore.Store, where: str, n: 
     assert not np.array_equal(store.get_array(d, verify=False), a)  # verify=False reads it as it is
 
 
-@pytest.mark.parametrize("n", [1, 1000, 130_000, 5 * MiB])  # below, at and far above the pipeline's threshold
+@pytest.mark.parametrize("n", [1, 1000, 130_000, 2 * MiB, 5 * MiB])  # below, at and far above the pipeline's threshold
 def test_get_array_sizes_roundtrip(store: casstore.Store, n: int) -> None:
     a = np.random.default_rng(n).random(n).astype(np.float32)
     d = store.put_array(a)

@@ -3,8 +3,8 @@
 An array object is exactly the ``.npy`` file ``np.save`` writes (format 1.0, or
 3.0 for non-latin-1 field names; dtype, shape and C/Fortran order kept), so
 ``np.load(store.path(d))`` works on it too, and its data starts 64-byte
-aligned.  ``get_array(d)`` reads into fresh memory while a helper thread
-hashes what was read, and returns the array only once it matched.
+aligned.  ``get_array(d)`` reads into fresh memory (from 8 MiB while a helper
+thread hashes what was read), and returns the array only once it matched.
 ``get_array(d, mmap=True)`` memory-maps a raw object read-only with no copy and,
 by default, no verification; ``verify=True`` hashes the file first, once per
 process while it is unchanged (later maps cost a lookup).
@@ -68,13 +68,14 @@ _MAX_HEADER = 60_000
 # get_array parses the header from this many leading bytes (one pread): the
 # 12-byte preamble of format 2.0/3.0 plus the largest header we accept.
 _PREFIX = 1 << 16
-# get_array(verify=True) pipelines reading and hashing from this object size up
-# (below it the hand-off to the helper costs more than the overlap saves).
-_PIPE_MIN = 512 << 10
+# get_array(verify=True) pipelines reading and hashing from this object size up.
+# Below it, reading the whole array and then hashing it on the same thread is
+# faster here (the bytes are still in this core's cache; the helper's and the
+# pool's wake-ups are not paid): 4 MiB arrays 0.43-0.48x -> 0.47-0.57x of the
+# limit, while from 8 MiB the pipeline wins (0.53x against 0.43x).
+_PIPE_MIN = 8 << 20
 _BLOCK_MIN = 256 << 10
 _BLOCK_MAX = 8 << 20
-# ... and hashes with blake3's pool from this array size up (see _read_raw).
-_POOL_MIN = 2 << 20
 # numpy refuses more dimensions than this (64 in numpy 2, 32 in numpy 1).
 _MAX_DIMS = 64
 # Everything numpy's header parser (ast.literal_eval on untrusted text, then
@@ -232,8 +233,8 @@ def get_array(store: Store, digest: DigestLike, *, mmap: bool = False,
     """Read an array: into fresh memory (verified), or ``mmap=True`` as a read-only memory map.
 
     ``verify`` defaults to ``True`` for reads and ``False`` for maps.  A read
-    (``mmap=False``) fills fresh memory while a helper thread hashes what has
-    been read; the array is returned only after the object hashed to its name
+    (``mmap=False``) fills fresh memory (from 8 MiB while a helper thread hashes
+    what has been read); the array is returned only after the object hashed to its name
     (:class:`IntegrityError` otherwise, and no array).  ``mmap=True`` maps a raw
     object with no copy; with ``verify=True`` the file is hashed first, once
     per process while it is unchanged (device, inode, size, mtime and ctime:
@@ -300,13 +301,12 @@ def _read_raw(path: str, d: Digest, verify: bool) -> npt.NDArray[Any]:
         view[:n] = first[h.offset:h.offset + n]
         if verify and size >= _PIPE_MIN:
             # Hashing is slower than reading here (3-4 GB/s a core against 6-8 GB/s
-            # from the page cache), so from _POOL_MIN the helper hashes with blake3's
-            # pool (both cores) in few, large updates: a quarter first (hashed while the
-            # rest is read), then up to 8 MiB at a time.  Every update wakes the pool,
-            # which costs: four 1 MiB updates measured 20-40% slower than one thread,
-            # these two 5-10% faster (4 and 16 MiB arrays; 64 MiB unchanged).
-            pooled = len(view) >= _POOL_MIN
-            with HashBeside(threaded=pooled) as hasher:
+            # from the page cache), so the helper hashes with blake3's pool (both
+            # cores) in few, large updates: a quarter first (hashed while the rest is
+            # read), then 8 MiB at a time.  Every update wakes the pool, which costs:
+            # four 1 MiB updates measured 20-40% slower than one thread; these ran
+            # 5-10% faster than one thread (16 MiB arrays; 64 MiB unchanged).
+            with HashBeside(threaded=True) as hasher:
                 hasher.feed(memoryview(first)[:h.offset + n])
                 block = _block_for(len(view))
                 pos = n
@@ -315,8 +315,7 @@ def _read_raw(path: str, d: Digest, verify: bool) -> npt.NDArray[Any]:
                     _pread_exact(fd, view[pos:end], h.offset + pos, d)
                     hasher.feed(view[pos:end])
                     pos = end
-                    if pooled:
-                        block = _BLOCK_MAX
+                    block = _BLOCK_MAX
                 extra = os.pread(fd, 1, size)
                 got: Optional[Digest] = hasher.digest()
         else:
