@@ -508,9 +508,13 @@ class Store:
         return verify_store(self, fast=fast, repair=repair, incremental=incremental, recheck_after=recheck_after,
                       workers=workers, progress=progress)
 
-    def usage(self) -> Usage:
-        """Objects, logical and stored bytes, compression ratio, dedupe savings, per head and pin."""
-        return store_usage(self)
+    def usage(self, *, shares: Iterable[str] = ()) -> Usage:
+        """Objects, bytes, compression, honest dedupe (live names only), history, per head and pin.
+
+        ``shares``: names whose ``shared_with`` (what they share with each other
+        live name) is computed; see docs/maintenance.md, "Usage".
+        """
+        return store_usage(self, shares=shares)
 
     def limit(self, max_bytes: Union[int, str], *, keep_history: int = 5, grace: Duration = "1h",
               dry_run: bool = False) -> LimitResult:

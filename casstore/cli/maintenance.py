@@ -61,27 +61,28 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_du(args: argparse.Namespace) -> int:
-    """Disk usage per pin and head (their current versions)."""
+    """Disk usage per pin and head (their current versions); with NAME or --shared, what each shares."""
     store = open_from_args(args, create=False)
-    u = store.usage()
-    rows = [n for n in u.by_name if args.by is None or n.kind == args.by]
+    u = store.usage(shares=args.names or ([*store.pins(), *store.heads()] if args.shared else []))
+    rows = [n for n in u.by_name if (args.by is None or n.kind == args.by) and (not args.names or n.name in args.names)]
     if args.json:
-        doc = u.to_dict()
-        print(json.dumps(doc["by_name"] if args.by is None else [r for r in doc["by_name"] if r["kind"] == args.by],
-                         indent=2))
+        print(json.dumps([n.to_dict() for n in rows], indent=2))
         return 0
-    print(f"{'kind':4}  {'entries':>8}  {'logical':>10}  {'stored':>10}  {'exclusive':>10}  name")
+    print(f"{'kind':4}  {'entries':>8}  {'logical':>10}  {'stored':>10}  {'exclusive':>10}  {'shared':>10}  name")
     for n in rows:
         miss = f"  ({n.missing} missing)" if n.missing else ""
         print(f"{n.kind:4}  {n.entries:>8}  {human_bytes(n.logical_bytes):>10}  {human_bytes(n.stored_bytes):>10}  "
-              f"{human_bytes(n.exclusive_bytes):>10}  {n.name}{miss}")
+              f"{human_bytes(n.exclusive_bytes):>10}  {human_bytes(n.shared_bytes):>10}  {n.name}{miss}")
+        for s in n.shared_with:
+            print(f"{'':4}  shares {human_bytes(s.stored_bytes):>10} ({s.objects} objects) with {s.kind} {s.name}")
     print(f"total: {u.objects} objects, {human_bytes(u.stored_bytes)} stored; "
           f"{human_bytes(u.unreferenced_bytes)} in {u.unreferenced_objects} unreferenced objects (see `casstore gc`)")
+    print("exclusive: freed if only that name went (unless history keeps it); shared: another live name has it too")
     return 0
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    """Store-wide usage: objects, bytes, compression and dedupe."""
+    """Store-wide usage: objects, bytes, compression, dedupe of the live names, history."""
     store = open_from_args(args, create=False)
     u = store.usage()
     if args.json:
@@ -93,8 +94,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"logical bytes    {human_bytes(u.logical_bytes)}")
     print(f"stored bytes     {human_bytes(u.stored_bytes)}")
     print(f"compression      {u.compression_ratio:.2f}x")
-    print(f"dedupe savings   {human_bytes(u.dedupe_savings)} (manifests reference "
-          f"{human_bytes(u.referenced_bytes)})")
+    print(f"live names       reference {human_bytes(u.live_logical_bytes)} as files; "
+          f"{u.live_objects} distinct objects, {human_bytes(u.live_unique_bytes)} "
+          f"({human_bytes(u.live_stored_bytes)} on disk)"
+          + (f"; {u.live_missing} missing" if u.live_missing else ""))
+    print(f"dedupe savings   {human_bytes(u.dedupe_savings)} ({u.dedupe_ratio:.2f}x dedupe, "
+          f"{u.reduction_ratio:.2f}x with compression; live names only)")
+    print(f"history          {u.history_versions} older versions reference {human_bytes(u.history_logical_bytes)}; "
+          f"{human_bytes(u.history_stored_bytes)} in {u.history_objects} objects only history keeps")
     print(f"names            {sum(1 for n in u.by_name if n.kind == 'pin')} pins, "
           f"{sum(1 for n in u.by_name if n.kind == 'head')} heads, {u.versions} manifest versions")
     print(f"unreferenced     {u.unreferenced_objects} objects, {human_bytes(u.unreferenced_bytes)}")
@@ -126,9 +133,12 @@ def register(add: Add) -> None:
     sp.add_argument("--incremental", action="store_true",
                     help="skip files unchanged since a verification within the last 30 days")
     sp.add_argument("--json", action="store_true")
-    sp = add("du", cmd_du, "disk usage per pin and head")
+    sp = add("du", cmd_du, "disk usage per pin and head; with NAME, what it shares with other names")
+    sp.add_argument("names", nargs="*", metavar="NAME",
+                    help="only these names, each with the bytes it shares with every other live name")
     sp.add_argument("--by", choices=("pin", "head"), default=None, help="only pins or only heads")
+    sp.add_argument("--shared", action="store_true", help="list what every name shares with each other name")
     sp.add_argument("--json", action="store_true")
-    sp = add("stats", cmd_stats, "objects, bytes, compression ratio and dedupe savings")
-    sp.add_argument("--json", action="store_true")
+    sp = add("stats", cmd_stats, "objects, bytes, compression, dedupe of the live names, history")
+    sp.add_argument("--json", action="store_true", help="one JSON document")
 
