@@ -166,3 +166,16 @@ def test_cli_du_name_and_shared_and_stats(store: casstore.Store, capsys: pytest.
     assert doc["live"]["logical_bytes"] == 23_000 + 2 * len(TEXT)
     rc, out, _ = run(store, capsys, "stats")
     assert rc == 0 and "live names" in out and "history" in out and "dedupe savings" in out
+
+
+def test_a_missing_object_counts_in_logical_not_stored(store: casstore.Store) -> None:
+    gone = store.put(os.urandom(2_000))
+    kept = store.put(os.urandom(1_000))
+    with store.edit("a") as m:
+        m["gone"] = gone
+        m["kept"] = kept
+    os.remove(store.path(gone))
+    u = store.usage()
+    assert u.live_missing == 1 and u.live_objects == 2
+    assert u.live_logical_bytes == u.live_unique_bytes == 3_000  # the size the entry records
+    assert u.live_stored_bytes == 1_000 and u.by_name[0].missing == 1

@@ -74,7 +74,8 @@ def cmd_du(args: argparse.Namespace) -> int:
         print(f"{n.kind:4}  {n.entries:>8}  {human_bytes(n.logical_bytes):>10}  {human_bytes(n.stored_bytes):>10}  "
               f"{human_bytes(n.exclusive_bytes):>10}  {human_bytes(n.shared_bytes):>10}  {n.name}{miss}")
         for s in n.shared_with:
-            print(f"{'':4}  shares {human_bytes(s.stored_bytes):>10} ({s.objects} objects) with {s.kind} {s.name}")
+            print(f"{'':4}  shares {human_bytes(s.stored_bytes):>10} ({s.objects} object{'s' * (s.objects != 1)}) "
+                  f"with {s.kind} {s.name}")
     print(f"total: {u.objects} objects, {human_bytes(u.stored_bytes)} stored; "
           f"{human_bytes(u.unreferenced_bytes)} in {u.unreferenced_objects} unreferenced objects (see `casstore gc`)")
     print("exclusive: freed if only that name went (unless history keeps it); shared: another live name has it too")
@@ -100,8 +101,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
           + (f"; {u.live_missing} missing" if u.live_missing else ""))
     print(f"dedupe savings   {human_bytes(u.dedupe_savings)} ({u.dedupe_ratio:.2f}x dedupe, "
           f"{u.reduction_ratio:.2f}x with compression; live names only)")
-    print(f"history          {u.history_versions} older versions reference {human_bytes(u.history_logical_bytes)}; "
-          f"{human_bytes(u.history_stored_bytes)} in {u.history_objects} objects only history keeps")
+    print(f"history          {u.history_versions} older version(s) referencing "
+          f"{human_bytes(u.history_logical_bytes)}; {human_bytes(u.history_stored_bytes)} in "
+          f"{u.history_objects} objects only history keeps")
     print(f"names            {sum(1 for n in u.by_name if n.kind == 'pin')} pins, "
           f"{sum(1 for n in u.by_name if n.kind == 'head')} heads, {u.versions} manifest versions")
     print(f"unreferenced     {u.unreferenced_objects} objects, {human_bytes(u.unreferenced_bytes)}")
