@@ -10,6 +10,8 @@ Conventions for doc authors:
   define the helper functions a fragment assumes.  Prefer this to exempting a block.
 * ```` ```python no-run: REASON ```` exempts a block; the reason is required and shown as the
   skip reason (network, an S3 server, a GPU library the test extra does not install).
+* Every ``casstore SUB ... --flag`` in a bare, ``sh`` or ``console`` block (synopsis tables too)
+  must name a subcommand and flags the parser knows (``casstore SUB --help`` is checked).
 * ```` ```sh ```` / ```` ```console ```` blocks whose commands all start with ``casstore `` run in
   a shell with the venv's ``casstore`` first on PATH (``$ `` prompts and ``#`` comments are fine);
   other shell blocks (installs, servers) are not collected.  ``no-run: REASON`` works there too.
@@ -154,3 +156,42 @@ def test_cli_block(block: Block, sandbox: Path) -> None:
     r = subprocess.run(["bash", "-c", script], cwd=sandbox, env=env, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, f"{block.id} failed:\n{r.stdout}\n{r.stderr}"
+
+
+def _cli_mentions() -> List[Tuple[str, Tuple[str, ...], Tuple[str, ...]]]:
+    """(page:line, subcommand words, --flags) for every ``casstore SUB ...`` in any fenced block,
+    synopsis tables included: each segment from one ``casstore `` to the next is one command."""
+    out: List[Tuple[str, Tuple[str, ...], Tuple[str, ...]]] = []
+    for page, blocks in ALL.items():
+        for b in blocks:
+            if b.lang not in ("", "sh", "console"):  # python and toml mention casstore only in prose
+                continue
+            for n, line in enumerate(b.code.splitlines(), start=b.line + 1):
+                line = line.split("#")[0]
+                for seg in re.split(r"(?:^|(?<=[\s$`(]))casstore (?=[a-z])", line)[1:]:
+                    words = re.match(r"([a-z][a-z-]*)(?: (ls|add|check|rm|show|set|info|verify)\b)?", seg)
+                    assert words
+                    sub = tuple(w for w in words.groups() if w)
+                    flags = tuple(sorted(set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", seg))))
+                    out.append((f"{page}:{n}", sub, flags))
+    return out
+
+
+MENTIONS = _cli_mentions()
+
+
+@pytest.mark.parametrize("where,sub,flags", MENTIONS, ids=[f"{w}:{' '.join(s)}" for w, s, _ in MENTIONS])
+def test_cli_mentions_exist(where: str, sub: Tuple[str, ...], flags: Tuple[str, ...],
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Every subcommand and --flag the docs show for a command is one the parser knows."""
+    from casstore.cli.app import build_parser
+
+    def help_of(argv: List[str]) -> str:
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args([*argv, "--help"])
+        assert e.value.code == 0, f"{where}: `casstore {' '.join(argv)}` is not a command"
+        return capsys.readouterr().out
+
+    known = help_of(list(sub)) + help_of([])
+    missing = [f for f in flags if f not in known]
+    assert not missing, f"{where}: `casstore {' '.join(sub)}` has no {missing}"
