@@ -85,6 +85,7 @@ def test_init(tmp_path: Path) -> None:
 
 def test_put_prints_digests(tmp_path: Path, files: Dict[str, bytes]) -> None:
     store = str(tmp_path / "s")
+    _ok(cli(tmp_path, "init", store))  # an explicit --store must exist (issue 12: a typo never makes a store)
     out = _ok(cli(tmp_path, "--store", store, "put", "a.bin"))
     assert out == b3(files["a.bin"]) + "\n"
     out = _ok(cli(tmp_path, "--store", store, "put", "a.bin", "b.txt", "empty"))
@@ -162,13 +163,15 @@ def test_stat_and_ls(tmp_path: Path, files: Dict[str, bytes]) -> None:
     lines = _ok(cli(tmp_path, "--store", store, "ls")).splitlines()
     assert [ln.split() for ln in lines] == [
         [str(d), str(s.stat(d).size), s.stat(d).codec] for d in sorted([d_raw, d_z])]
-    docs = [json.loads(ln) for ln in _ok(cli(tmp_path, "--store", store, "ls", "--json")).splitlines()]
+    docs = [json.loads(ln) for ln in _ok(cli(tmp_path, "--store", store, "ls", "--jsonl")).splitlines()]
+    assert json.loads(_ok(cli(tmp_path, "--store", store, "ls", "--json"))) == docs
     assert [x["digest"] for x in docs] == [str(d) for d in sorted([d_raw, d_z])]
     assert {x["codec"] for x in docs} == {"raw", "zstd"}
 
 
 def test_demo(tmp_path: Path) -> None:
     store = tmp_path / "demo"
+    casstore.open(store)  # with --store the demo runs (and stays) in that existing store
     out = _ok(cli(tmp_path, "--store", str(store), "demo"))
     assert f"store: {store}" in out
     assert "both times: True" in out
@@ -198,7 +201,8 @@ def _where(tmp_path: Path, env: Dict[str, str], *pre: str) -> List[Path]:
 def test_store_selection_precedence(tmp_path: Path) -> None:
     a, b = tmp_path / "env-store", tmp_path / "flag-store"
     home = tmp_path / "home"
-    # --store beats $CASSTORE_DIR
+    # --store beats $CASSTORE_DIR (an explicit --store must already be a store)
+    casstore.open(b)
     assert _where(tmp_path, _env(tmp_path, CASSTORE_DIR=str(a)), "--store", str(b)) == [b]
     # $CASSTORE_DIR when there is no --store
     assert _where(tmp_path, _env(tmp_path, CASSTORE_DIR=str(a))) == [a]

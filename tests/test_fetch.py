@@ -435,6 +435,7 @@ def test_cli_fetch(tmp_path: Path, server: Server) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASSTORE_")}
     env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
     root = tmp_path / "store"
+    casstore.open(root)  # an explicit --store must exist (issue 12)
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([cli, "--store", str(root), "fetch", *args], capture_output=True, text=True,

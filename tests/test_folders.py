@@ -283,6 +283,7 @@ def test_writer_during_add_never_yields_mixed_bytes(store: casstore.Store, tmp_p
 
 def test_cli_add_and_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     s = str(tmp_path / "st")
+    casstore.open(s)  # an explicit --store must exist (issue 12)
     f = tmp_path / "f"
     make_tree(f, {"a": b"1", "b/c": b"2"})
     assert main(["--store", s, "add", "exp", str(f), "-m", "hello", "--meta", "k=v", "--json"]) == 0
@@ -350,6 +351,7 @@ def test_progress_bar_when_asked(store: casstore.Store, tmp_path: Path, capsys: 
 
 def test_cli_add_to_a_pin_names_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     s = str(tmp_path / "st")
+    casstore.open(s)  # an explicit --store must exist (issue 12)
     f = tmp_path / "f"
     make_tree(f, {"a": b"1"})
     assert main(["--store", s, "add", "exp", str(f)]) == 0

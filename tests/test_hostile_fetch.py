@@ -424,6 +424,7 @@ def test_cli_error_shows_no_secret(tmp_path: Path, hostile: Hostile) -> None:
     cli = str(Path(sys.executable).with_name("casstore"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASSTORE_")}
     env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
+    casstore.open(tmp_path / "store")  # an explicit --store must exist (issue 12)
     r = subprocess.run([cli, "--store", str(tmp_path / "store"), "fetch", secret_url(hostile, "/nothing-here")],
                        capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode != 0 and "Traceback" not in r.stderr

@@ -108,6 +108,7 @@ def test_cli_fetch_refresh(tmp_path: Path, server: Server) -> None:
     cli = str(Path(sys.executable).with_name("casstore"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASSTORE_")}
     env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
+    casstore.open(tmp_path / "store")  # an explicit --store must exist (issue 12)
 
     def run(*args: str) -> str:
         r = subprocess.run([cli, "--store", str(tmp_path / "store"), "fetch", url, *args], capture_output=True,

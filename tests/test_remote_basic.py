@@ -444,6 +444,7 @@ def _cli(store: Path, *args: str, check: bool = True) -> subprocess.CompletedPro
 def test_cli_remote_push_pull(tmp_path: Path, remote_url: str, seaweed: Any) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     sa = casstore.open(a)
+    casstore.open(b)  # an explicit --store must exist (issue 12)
     fill(sa, "exp", 4)
     sa.freeze("exp")
     _cli(a, "remote", "add", "origin", remote_url, "--endpoint-url", seaweed.endpoint)

@@ -1,15 +1,18 @@
 """The ``casstore`` command line (console script ``casstore = "casstore.cli:main"``).
 
-Store selection: ``--store DIR``, else ``$CASSTORE_DIR``, else the per-user
-default cache directory (``$XDG_CACHE_HOME/casstore`` or ``~/.cache/casstore``).
+Store selection: ``--store DIR`` (before or after the command; it must be a
+store: ``casstore init DIR``), else ``$CASSTORE_DIR``, else the per-user
+default cache directory (``$XDG_CACHE_HOME/casstore`` or ``~/.cache/casstore``),
+made on first use.  Every command but ``get`` and ``completion`` takes
+``--json`` (one JSON document on stdout); tests/test_cli_global.py enforces it.
 Exit codes: 0 ok, 1 an error (one line on stderr), 2 bad usage, 130 interrupted;
 ``--debug`` shows tracebacks (see :mod:`casstore.cli.app`).
 
 One module per feature, each with ``register(add)`` adding its subcommands:
 
 =================  ==============================================================
-``app``            the parser, :func:`main`, error lines and exit codes
-``common``         store opening, argument types, JSON and help helpers
+``app``            the parser, :func:`main`, error lines and exit codes, completion
+``common``         store opening, argument types, JSON and help helpers, the Parser walk
 ``objects``        init, put, get, stat, ls, demo
 ``manifests``      manifest show/set/rm, freeze, pin, unpin, pins, diff, checkout, log
 ``config``         config

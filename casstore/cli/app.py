@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 from .. import __version__
 from ..errors import CasstoreError
 from . import cache, config, folders, maintenance, manifests, objects, pipelines, remote
-from .common import Command, print_help
+from .common import JSON_HELP, Command, Parser, add_global_options, print_help
 
 __all__ = ["main", "build_parser"]
 
@@ -32,9 +32,9 @@ __all__ = ["main", "build_parser"]
 _COMMAND_MODULES = (objects, folders, manifests, config, pipelines, remote, maintenance, cache)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     """The ``casstore`` argument parser with every command module's subcommands."""
-    p = argparse.ArgumentParser(prog="casstore", description="Content-addressed artifact store.")
+    p = Parser(prog="casstore", description="Content-addressed artifact store.")
     p.add_argument("--store", metavar="DIR", help="store directory (default: $CASSTORE_DIR or ~/.cache/casstore)")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     p.add_argument("--version", action="version", version=f"casstore {__version__}")
@@ -44,11 +44,60 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, fn: Optional[Command], help: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help, description=help)
         sp.set_defaults(func=fn or (lambda _args: print_help(sp)), command_name=name)
+        add_global_options(sp)
         return sp
 
     for module in _COMMAND_MODULES:
         module.register(add)
+    sp = add("completion", cmd_completion, "print a shell completion script (bash, zsh or fish)")
+    sp.add_argument("shell", choices=("bash", "zsh", "fish"),
+                    help="the shell; e.g. `casstore completion bash > ~/.local/share/bash-completion/"
+                         "completions/casstore`, or `eval \"$(casstore completion zsh)\"` in ~/.zshrc")
+    for _path, parser in p.walk():
+        for action in parser.options():
+            if action.help is None and action.option_strings == ["--json"]:
+                action.help = JSON_HELP  # one wording for every command's --json
     return p
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    """``casstore completion bash|zsh|fish``: the completion script on stdout (bash, zsh: shtab; fish: ours)."""
+    parser = build_parser()
+    if args.shell == "fish":
+        print(_fish_script(parser))
+        return 0
+    import shtab
+
+    print(shtab.complete(parser, shell=args.shell))
+    return 0
+
+
+def _fish_quote(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _fish_script(parser: Parser) -> str:
+    """Fish completions (shtab has none): commands, their actions and options, with their help."""
+    lines = ["# casstore completions for fish: casstore completion fish > ~/.config/fish/completions/casstore.fish",
+             "complete -c casstore -f"]
+    for path, p in parser.walk():
+        # Inside `casstore A B`: every word of the path seen (a loose but standard fish idiom).
+        cond = "; and ".join(f"__fish_seen_subcommand_from {w}" for w in path) or "true"
+        subs = p.subcommands()
+        names = " ".join(n for n, _ in subs)
+        for name, sp in subs:
+            here = f"{cond}; and not __fish_seen_subcommand_from {names}"
+            lines.append(f"complete -c casstore -n {_fish_quote(here)} -a {name}"
+                         f" -d {_fish_quote((sp.description or '')[:80])}")
+        for a in p.options():
+            if not a.option_strings or a.help == argparse.SUPPRESS:
+                continue
+            flags = " ".join(f"-l {o[2:]}" if o.startswith("--") else f"-s {o[1:]}" for o in a.option_strings)
+            takes = " -r" if a.nargs != 0 else ""
+            choices = f" -a {_fish_quote(' '.join(map(str, a.choices)))}" if a.choices else ""
+            lines.append(f"complete -c casstore -n {_fish_quote(cond)} {flags}{takes}{choices}"
+                         f" -d {_fish_quote((a.help or '').partition(chr(10))[0][:80])}")
+    return "\n".join(lines)
 
 
 def _say(line: str) -> None:

@@ -57,8 +57,13 @@ def cmd_cache_verify(args: argparse.Namespace) -> int:
         finally:
             cache.close()
     except IntegrityError as e:
+        if args.json:
+            print(json.dumps({"name": args.name, "ok": False, "error": str(e)}))
         print(f"casstore: index cache {args.name!r} is damaged: {e}", file=sys.stderr)
         return 1
+    if args.json:
+        print(json.dumps({"name": args.name, "ok": True, "records": n}))
+        return 0
     print(f"index cache {args.name!r}: object digest and {n:,} record checksums OK")
     return 0
 
@@ -71,3 +76,4 @@ def register(add: Add) -> None:
     p.add_argument("--json", action="store_true")
     p = action("verify", cmd_cache_verify, "check the whole object's digest and every record's checksum")
     p.add_argument("name", help="the name given to IndexCache.preserve, or a digest")
+    p.add_argument("--json", action="store_true")

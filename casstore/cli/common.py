@@ -12,8 +12,11 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Union
+from typing import Callable, Iterator, List, Mapping, Optional, Tuple, Union
 
+from .._layout import CONFIG_FILE
+from ..digest import Digest
+from ..errors import AmbiguousDigestError, InvalidDigestError, ObjectNotFoundError, StoreFormatError
 from ..store import Store, open_store
 
 __all__ = [
@@ -22,6 +25,10 @@ __all__ = [
     "Action",
     "default_store_dir",
     "open_from_args",
+    "add_global_options",
+    "Parser",
+    "resolve_digest",
+    "JSON_HELP",
     "add_actions",
     "compress_arg",
     "count_arg",
@@ -51,10 +58,83 @@ def default_store_dir() -> Path:
     return Path(current().store).expanduser()
 
 
+class Parser(argparse.ArgumentParser):
+    """The ``casstore`` parser class (subcommand parsers inherit it): argparse plus a public walk.
+
+    ``walk`` serves the help/``--json`` checks and the fish completions, which
+    would otherwise read argparse internals from outside.
+    """
+
+    def options(self) -> List[argparse.Action]:
+        """This parser's own arguments and options (not its subcommands')."""
+        return [a for a in self._actions if not isinstance(a.choices, dict)]
+
+    def subcommands(self) -> List[Tuple[str, Parser]]:
+        """``(name, parser)`` of each direct subcommand or action, in registration order."""
+        out: List[Tuple[str, Parser]] = []
+        for a in self._actions:
+            if isinstance(a.choices, dict):  # the subparsers action maps names to parsers
+                out.extend((n, sp) for n, sp in a.choices.items() if isinstance(sp, Parser))
+        return out
+
+    def walk(self, path: Tuple[str, ...] = ()) -> Iterator[Tuple[Tuple[str, ...], Parser]]:
+        """``(command path, parser)`` for this parser and every subcommand below it, depth first."""
+        yield path, self
+        for name, sp in self.subcommands():
+            yield from sp.walk(path + (name,))
+
+
+JSON_HELP = "print one JSON document on stdout (nothing else on stdout)"
+"""The help text of every command's ``--json``."""
+
+
 def open_from_args(args: argparse.Namespace, *, create: bool = True) -> Store:
-    """The store chosen by ``--store``, else the ``store`` setting (``create=False``: never make one)."""
-    root = Path(args.store).expanduser() if args.store else default_store_dir()
-    return open_store(root, create=create)
+    """The store chosen by ``--store``, else the ``store`` setting (``create=False``: never make one).
+
+    Only the per-user default (``$CASSTORE_DIR`` or the settings' ``store``) is
+    created on first use: an explicit ``--store`` that is not a store is refused
+    with a hint, so a typo (``--store /data/sotre``) never silently starts a new,
+    empty store beside the real one.
+    """
+    if getattr(args, "store", None):
+        root = Path(args.store).expanduser()
+        if not (root / CONFIG_FILE).exists():
+            raise StoreFormatError(f"--store {args.store}: no casstore store there; create one with "
+                                   f"`casstore init {args.store}` (or omit --store to use the default store)")
+        return open_store(root, create=False)
+    return open_store(default_store_dir(), create=create)
+
+
+def add_global_options(parser: argparse.ArgumentParser) -> None:
+    """``--store`` and ``--debug`` on a subcommand too, so they may follow it (``casstore ls --store DIR``).
+
+    ``SUPPRESS``: when not given after the subcommand, the value given before it
+    (or the top-level default) stays.
+    """
+    parser.add_argument("--store", metavar="DIR", default=argparse.SUPPRESS,
+                        help="store directory (also accepted before the command)")
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks on errors (also accepted before the command)")
+
+
+def resolve_digest(store: Store, value: str) -> Digest:
+    """A digest or unique prefix; a value that names a file (or looks like a path) says so.
+
+    "malformed digest" would mislead a user who typed ``casstore get model.bin``.
+    """
+    try:
+        return store.resolve(value)
+    except InvalidDigestError as e:
+        if isinstance(e, AmbiguousDigestError):
+            raise  # a prefix of several objects: it was meant as a digest
+        looks_like_path = "/" in value or "." in value.replace("blake3:", "", 1) or Path(value).exists()
+        if not looks_like_path:
+            raise
+        if Path(value).exists():
+            raise ObjectNotFoundError(f"{value!r} is a file, not a digest; store it with `casstore put {value}` "
+                                      "and use the digest that prints") from None
+        raise ObjectNotFoundError(f"{value!r} is not a digest or digest prefix (and no such file exists); "
+                                  "list objects with `casstore ls`") from None
 
 
 def add_actions(parent: argparse.ArgumentParser, command: str, dest: str) -> Action:
@@ -67,6 +147,7 @@ def add_actions(parent: argparse.ArgumentParser, command: str, dest: str) -> Act
 
     def action(name: str, fn: Command, help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
+        add_global_options(p)
         p.set_defaults(func=fn, command_name=f"{command} {name}")
         return p
 

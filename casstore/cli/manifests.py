@@ -88,6 +88,9 @@ def cmd_manifest_set(args: argparse.Namespace) -> int:
     with store.edit(args.name, timeout=args.timeout) as m:
         m[args.key] = d
     assert m.result is not None
+    if args.json:
+        print(json.dumps({"name": args.name, "digest": str(m.result.digest), "key": args.key, "value": str(d)}))
+        return 0
     print(f"{args.name} -> {m.result.digest}  ({args.key} = {d.short()})")
     return 0
 
@@ -101,13 +104,17 @@ def cmd_manifest_rm(args: argparse.Namespace) -> int:
                 raise ObjectNotFoundError(f"manifest {args.name!r} has no key {key!r}")
             del m[key]
     assert m.result is not None
+    if args.json:
+        print(json.dumps({"name": args.name, "digest": str(m.result.digest), "removed": list(args.keys)}))
+        return 0
     print(f"{args.name} -> {m.result.digest}")
     return 0
 
 
 def cmd_freeze(args: argparse.Namespace) -> int:
     """``casstore freeze NAME``: the head becomes a pin."""
-    print(open_from_args(args, create=False).freeze(args.name))
+    d = open_from_args(args, create=False).freeze(args.name)
+    print(json.dumps({"pin": args.name, "digest": str(d)}) if args.json else d)
     return 0
 
 
@@ -115,7 +122,8 @@ def cmd_pin(args: argparse.Namespace) -> int:
     """``casstore pin NAME TARGET``."""
     store = open_from_args(args, create=False)
     try:
-        print(store.pin(args.name, args.target, force=args.force))
+        d = store.pin(args.name, args.target, force=args.force)
+        print(json.dumps({"pin": args.name, "digest": str(d)}) if args.json else d)
     except FrozenError:
         old = store.pins().get(args.name)
         raise FrozenError(f"pin {args.name!r} already points to {old}; pass --force to move it") from None
@@ -131,6 +139,9 @@ def cmd_rm(args: argparse.Namespace) -> int:
         raise FrozenError(
             f"{args.name!r} is a pin (frozen); pass --force to remove it, or `casstore unpin {args.name}` first"
         ) from None
+    if args.json:
+        print(json.dumps({"removed": args.name, "digest": str(d)}))
+        return 0
     print(f"removed {args.name} (was {d}; its versions stay until gc collects them: "
           f"`casstore pin NEWNAME {d.short()}` keeps that one)")
     return 0
@@ -149,13 +160,17 @@ def cmd_mv(args: argparse.Namespace) -> int:
         raise NameExistsError(
             f"{args.new!r} already exists; pass --force to replace it, or choose another name"
         ) from None
+    if args.json:
+        print(json.dumps({"old": args.old, "new": args.new, "digest": str(d)}))
+        return 0
     print(f"{args.old} -> {args.new}  ({d})")
     return 0
 
 
 def cmd_unpin(args: argparse.Namespace) -> int:
     """``casstore unpin NAME``."""
-    print(open_from_args(args, create=False).unpin(args.name))
+    d = open_from_args(args, create=False).unpin(args.name)
+    print(json.dumps({"unpinned": args.name, "digest": str(d)}) if args.json else d)
     return 0
 
 
@@ -276,6 +291,9 @@ def cmd_checkout(args: argparse.Namespace) -> int:
     store = open_from_args(args, create=False)
     written = store.checkout(args.target, args.dir, overwrite=args.overwrite, sync=args.sync, link=args.link,
                              force=args.force)
+    if args.json:
+        print(json.dumps({"target": args.target, "dir": args.dir, "written": [str(p) for p in written]}, indent=2))
+        return 0
     print(f"checked out {len(written)} file(s) into {args.dir}")
     return 0
 
@@ -283,9 +301,17 @@ def cmd_checkout(args: argparse.Namespace) -> int:
 def cmd_log(args: argparse.Namespace) -> int:
     """``casstore log TARGET``: versions, newest first."""
     store = open_from_args(args, create=False)
+    docs = []
     for m in store.history(args.target, limit=args.limit):
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(store.path(m.digest).stat().st_mtime))
+        mtime = store.path(m.digest).stat().st_mtime
+        if args.json:
+            docs.append({"digest": str(m.digest), "time": mtime, "entries": len(m),
+                         "meta": jsonable(dict(m.meta))})
+            continue
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(mtime))
         print(f"{m.digest}  {when}  {len(m)} entries")
+    if args.json:
+        print(json.dumps(docs, indent=2))
     return 0
 
 
@@ -300,24 +326,29 @@ def register(add: Add) -> None:
     mp.add_argument("target", help="head or pin name, NAME~N, NAME@HEXPREFIX, or a version digest")
     mp.add_argument("--json", action="store_true")
     mp = action("set", cmd_manifest_set, "set KEY of manifest NAME to FILE (stored) or DIGEST")
-    mp.add_argument("name")
-    mp.add_argument("key")
-    mp.add_argument("value", metavar="FILE|DIGEST")
+    mp.add_argument("name", help="the head to edit (made on first use)")
+    mp.add_argument("key", help="the key (a relative path such as data/train.bin)")
+    mp.add_argument("value", metavar="FILE|DIGEST", help="a file to store, or a stored object's digest or prefix")
     mp.add_argument("--timeout", type=seconds_arg, default=600.0, help="lock timeout in seconds")
+    mp.add_argument("--json", action="store_true")
     mp = action("rm", cmd_manifest_rm, "remove KEY(s) from manifest NAME")
-    mp.add_argument("name")
-    mp.add_argument("keys", nargs="+")
+    mp.add_argument("name", help="the head to edit")
+    mp.add_argument("keys", nargs="+", metavar="KEY", help="keys to remove")
     mp.add_argument("--timeout", type=seconds_arg, default=600.0, help="lock timeout in seconds")
+    mp.add_argument("--json", action="store_true")
     sp = add("freeze", cmd_freeze, "make head NAME a pin (never changes again)")
-    sp.add_argument("name")
+    sp.add_argument("name", help="the head to freeze")
+    sp.add_argument("--json", action="store_true")
     sp = add("pin", cmd_pin, "pin TARGET (a name, NAME~N, NAME@HEXPREFIX or version digest) as NAME")
-    sp.add_argument("name")
+    sp.add_argument("name", help="the pin's name")
     sp.add_argument("target", help=_TARGET_HELP)
     sp.add_argument("--force", action="store_true", help="move an existing pin")
+    sp.add_argument("--json", action="store_true")
     sp = add("unpin", cmd_unpin, "remove pin NAME (objects go later, through gc)")
-    sp.add_argument("name")
+    sp.add_argument("name", help="the pin to remove")
+    sp.add_argument("--json", action="store_true")
     sp = add("pins", cmd_pins, "list pins (or heads with --heads)")
-    sp.add_argument("--heads", action="store_true")
+    sp.add_argument("--heads", action="store_true", help="list heads instead of pins")
     sp.add_argument("--all", action="store_true", help="also internal records (_fetch/...)")
     sp.add_argument("--json", action="store_true")
     sp = add("diff", cmd_diff, "keys, metadata, derive params and inputs added, removed and changed from A to B")
@@ -326,7 +357,8 @@ def register(add: Add) -> None:
     sp.add_argument("--json", action="store_true")
     sp = add("checkout", cmd_checkout, "write the files of a manifest into DIR (verified)")
     sp.add_argument("target", help=_TARGET_HELP)
-    sp.add_argument("dir")
+    sp.add_argument("dir", help="the folder to write into (made if missing)")
+    sp.add_argument("--json", action="store_true")
     sp.add_argument("--overwrite", action="store_true", help="replace files (and links) in the way")
     sp.add_argument("--sync", action="store_true",
                     help="also remove files the previous checkout of this name wrote that this version lacks")
@@ -337,13 +369,16 @@ def register(add: Add) -> None:
                          "(to the read-only object)")
     sp = add("log", cmd_log, "versions of a manifest, newest first")
     sp.add_argument("target", help=_TARGET_HELP)
-    sp.add_argument("-n", "--limit", type=count_arg, default=None)
+    sp.add_argument("-n", "--limit", type=count_arg, default=None, help="show at most this many versions")
+    sp.add_argument("--json", action="store_true")
     sp = add("rm", cmd_rm, "delete name NAME (a head; a pin needs --force); its versions stay until gc")
-    sp.add_argument("name")
+    sp.add_argument("name", help="the head (or, with --force, pin) to delete")
     sp.add_argument("--force", action="store_true", help="also remove a pin")
+    sp.add_argument("--json", action="store_true")
     sp.add_argument("--timeout", type=seconds_arg, default=600.0, help="lock timeout in seconds")
     sp = add("mv", cmd_mv, "rename OLD to NEW with its history (a pin, or an existing NEW, needs --force)")
-    sp.add_argument("old")
-    sp.add_argument("new")
+    sp.add_argument("old", help="the current name")
+    sp.add_argument("new", help="the new name")
+    sp.add_argument("--json", action="store_true")
     sp.add_argument("--force", action="store_true", help="rename a pin, or replace an existing NEW")
     sp.add_argument("--timeout", type=seconds_arg, default=600.0, help="lock timeout in seconds")

@@ -12,13 +12,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import BinaryIO, Optional, Union
+from typing import BinaryIO, Dict, List, Optional, Union
 
-from .._progress import human_bytes
+from .._layout import CONFIG_FILE
+from .._progress import Progress, human_bytes
+from ..codecs import normalize_compress
 from ..digest import Digest
-from ..errors import CasstoreError, InvalidInputError, ReadOnlyError
-from ..store import open_store
-from .common import Add, compress_arg, open_from_args
+from ..errors import CasstoreError, InvalidInputError, ObjectNotFoundError, ReadOnlyError, StoreFormatError
+from ..store import Store, open_store
+from .common import Add, compress_arg, open_from_args, resolve_digest
 
 __all__ = ["register"]
 
@@ -26,25 +28,101 @@ __all__ = ["register"]
 def cmd_init(args: argparse.Namespace) -> int:
     """``casstore init DIR``: create a store (an existing one is opened and left as it is)."""
     root = Path(args.dir).expanduser()
-    store = open_store(root, create=True, compress=args.compress, durable=not args.scratch,
-                       shared=args.shared)
-    print(f"casstore store at {store.root} (compression {store.config.compression}, "
-          f"durable {str(store.durable).lower()})")
+    existed = (root / CONFIG_FILE).exists()
+    if existed:
+        store = open_store(root, create=False)
+        _check_same_options(args, store)
+    else:
+        store = open_store(root, create=True, compress=args.compress, durable=not args.scratch,
+                           shared=args.shared)
+    cfg = store.config
+    if args.json:
+        print(json.dumps({"store": str(store.root), "created": not existed, "compression": cfg.compression,
+                          "level": cfg.level, "durable": cfg.durable, "shared": cfg.shared}))
+        return 0
+    print(f"casstore store at {store.root} (compression {cfg.compression}, durable {str(cfg.durable).lower()}"
+          f"{', shared' if cfg.shared else ''})" + ("; it already existed, left as it is" if existed else ""))
     return 0
+
+
+def _check_same_options(args: argparse.Namespace, store: Store) -> None:
+    """``init`` of an existing store: options given that differ from its store.toml are an error naming each.
+
+    Options left out are not compared (``casstore init DIR`` again is a no-op):
+    the store's settings were fixed when it was created and init never rewrites them.
+    """
+    cfg = store.config
+    diffs: List[str] = []
+    if args.compress is not None:
+        try:
+            level = normalize_compress(args.compress, cfg.level)
+        except (CasstoreError, ValueError, TypeError) as e:
+            raise InvalidInputError(f"--compress {args.compress}: {e}") from None
+        want = ("zstd", level) if level else ("raw", None)
+        have = ("zstd", cfg.level) if cfg.compression == "zstd" else ("raw", None)
+        if want != have:
+            diffs.append(f"compression {have[0]}{'' if have[1] is None else f' level {have[1]}'} "
+                         f"(asked: {want[0]}{'' if want[1] is None else f' level {want[1]}'})")
+    if args.scratch and cfg.durable:
+        diffs.append("durable (asked: --scratch)")
+    if args.shared and not cfg.shared:
+        diffs.append("not shared (asked: --shared)")
+    if diffs:
+        raise StoreFormatError(f"{store.root} is already a store with different options: {'; '.join(diffs)}; "
+                               "a store's options are fixed when it is created: init a new DIR for these")
 
 
 def cmd_put(args: argparse.Namespace) -> int:
     """``casstore put FILE...``: store files (``-`` reads stdin) and print their digests."""
+    sizes = _check_put_args(args.files)  # every argument before anything is stored
     store = open_from_args(args)
-    for name in args.files:
+    done: List[Dict[str, object]] = []
+    # On a terminal only (Progress checks stderr); bytes of the files named, stdin has no known size.
+    with Progress(sum(sizes.values()), desc="put", enabled=None if sizes else False) as bar:
+        for name in args.files:
+            if name == "-":
+                d = store.put_stream(sys.stdin.buffer, compress=args.compress)
+            else:
+                d = store.put_path(name, compress=args.compress)
+                bar.update(sizes[name])
+            done.append({"file": name, "digest": str(d)})
+            if not args.json:
+                print(f"{d}  {name}" if len(args.files) > 1 or args.names else str(d), flush=True)
+    if args.json:
+        print(json.dumps(done, indent=2))
+    return 0
+
+
+def _check_put_args(files: List[str]) -> Dict[str, int]:
+    """Sizes of the regular files named; an InvalidInputError naming the first that is not one.
+
+    Checked up front so a typo in the fifth argument stores nothing, rather than
+    four objects and a traceback-free error the user must untangle.
+    """
+    sizes: Dict[str, int] = {}
+    if files.count("-") > 1:
+        raise InvalidInputError("'-' (stdin) given more than once; stdin can be read only once")
+    for name in files:
         if name == "-":
             if sys.stdin is None:  # started with stdin closed (`<&-`)
                 raise InvalidInputError("'-' reads stdin, but stdin is closed")
-            d = store.put_stream(sys.stdin.buffer, compress=args.compress)
-        else:
-            d = store.put_path(name, compress=args.compress)
-        print(f"{d}  {name}" if len(args.files) > 1 or args.names else str(d))
-    return 0
+            continue
+        try:
+            st = os.stat(name)
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"{name}: no such file; nothing was stored") from None
+        except OSError as e:
+            raise InvalidInputError(f"{name}: {e.strerror or e}; nothing was stored") from None
+        if stat.S_ISDIR(st.st_mode):
+            raise InvalidInputError(f"{name} is a directory; nothing was stored "
+                                    f"(snapshot a folder with `casstore add NAME {name}`)")
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidInputError(f"{name} is not a regular file (a FIFO, socket or device); nothing was stored "
+                                    f"(pipe it in with `casstore put - < {name}`)")
+        if not os.access(name, os.R_OK):
+            raise ReadOnlyError(f"{name}: permission denied; nothing was stored")
+        sizes[name] = st.st_size
+    return sizes
 
 
 def _output_error(out: Path, e: OSError) -> Union[OSError, CasstoreError]:
@@ -127,19 +205,47 @@ def _write_stdout(src: BinaryIO) -> None:
 def cmd_get(args: argparse.Namespace) -> int:
     """``casstore get DIGEST [-o FILE]``: write an object's bytes (verified unless --no-verify)."""
     store = open_from_args(args, create=False)
-    d = store.resolve(args.digest)
+    d = resolve_digest(store, args.digest)
     with store.open(d, verify=not args.no_verify) as f:
         if args.output and args.output != "-":
             _write_output(f, args.output)
-        else:
-            _write_stdout(f)
+            return 0
+        head = b""
+        if args.output is None and _stdout_is_terminal():
+            head = f.read(8192)
+            if _looks_binary(head):
+                raise InvalidInputError(f"{d.short()} looks binary and stdout is a terminal; write it with "
+                                        "-o FILE, pipe it (`| less`), or pass -o - to print it anyway")
+        if head:
+            if sys.stdout is None:  # started with stdout closed (`>&-`); not a terminal, so unreachable
+                raise InvalidInputError("stdout is closed; give -o FILE")
+            sys.stdout.buffer.write(head)
+        _write_stdout(f)
     return 0
+
+
+def _stdout_is_terminal() -> bool:
+    try:
+        return sys.stdout is not None and os.isatty(sys.stdout.fileno())
+    except (ValueError, OSError, AttributeError):
+        return False
+
+
+def _looks_binary(head: bytes) -> bool:
+    """A NUL byte or text that is not UTF-8 (as ``git`` and ``curl`` judge): it would garble the terminal."""
+    if b"\x00" in head:
+        return True
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start < len(head) - 3  # a character cut at the end of the sample is still text
+    return False
 
 
 def cmd_stat(args: argparse.Namespace) -> int:
     """``casstore stat DIGEST``: size, stored size and codec of one object."""
     store = open_from_args(args, create=False)
-    info = store.stat(store.resolve(args.digest))
+    info = store.stat(resolve_digest(store, args.digest))
     doc = {"digest": str(info.digest), "size": info.size, "stored_size": info.stored_size, "codec": info.codec}
     if args.json:
         print(json.dumps(doc))
@@ -169,32 +275,60 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if args.all:
         raise InvalidInputError("--all lists internal names (_fetch/...): use it with --names")
     store = open_from_args(args, create=False)
+    docs = []
     for info in store.iter_info():
+        doc = {"digest": str(info.digest), "size": info.size, "stored_size": info.stored_size, "codec": info.codec}
         if args.json:
-            print(json.dumps({"digest": str(info.digest), "size": info.size,
-                              "stored_size": info.stored_size, "codec": info.codec}))
+            docs.append(doc)
+        elif args.jsonl:  # streamed: a million objects need not fit in one document
+            print(json.dumps(doc))
         else:
             print(f"{info.digest}  {info.size:>12}  {info.codec}")
+    if args.json:
+        print(json.dumps(docs, indent=1))
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Put, dedupe, get and verify on the store; explain each step."""
-    store = open_from_args(args)
-    print(f"store: {store.root}")
+    """Put, dedupe, get and verify; explain each step (in a temporary store unless ``--store`` is given)."""
+    if args.store:
+        return _demo(open_from_args(args), args.json, temporary=False)
+    with tempfile.TemporaryDirectory(prefix="casstore-demo-") as tmp:
+        return _demo(open_store(Path(tmp) / "store", create=True), args.json, temporary=True)
+
+
+def _demo(store: Store, as_json: bool, *, temporary: bool) -> int:
+    facts: Dict[str, object] = {"store": str(store.root), "temporary": temporary}
+    lines: List[str] = []
+
+    def say(text: str) -> None:
+        lines.append(text)
+        if not as_json:
+            print(text, flush=True)
+
+    say("casstore demo: a short tour of what the store does, one step per line.")
+    if temporary:
+        say(f"store: {store.root} -- a temporary store, deleted when the demo ends "
+            "(`casstore --store DIR demo` runs it in DIR and keeps what it made)")
+    else:
+        say(f"store: {store.root} (given with --store; what the demo stores stays there, under the name 'demo')")
     before = sum(1 for _ in store.iter_objects())
     payload = ("casstore demo: the same bytes are stored once. " * 2000).encode()
     t = time.perf_counter()
     d1 = store.put(payload)
     d2 = store.put(bytes(payload))
-    print(f"put {human_bytes(len(payload))} twice -> {d1.short()} both times: {d1 == d2} "
-          f"({(time.perf_counter() - t) * 1e3:.1f} ms)")
+    facts["dedupe"] = {"digest": str(d1), "same_digest": d1 == d2}
+    say(f"1. put {human_bytes(len(payload))} twice -> {d1.short()} both times: {d1 == d2} "
+        f"({(time.perf_counter() - t) * 1e3:.1f} ms); an object's name is the BLAKE3 hash of its bytes, "
+        "so equal bytes are stored once")
     text = ("\n".join(f"step {i} loss {1 / (i + 1):.6f}" for i in range(20000))).encode()
     dz = store.put(text, compress=True)
     info = store.stat(dz)
-    print(f"put a {human_bytes(info.size)} training log with compress=True -> {dz.short()}, stored {info.codec} "
-          f"in {human_bytes(info.stored_size)}; the digest is that of the uncompressed bytes: "
-          f"{dz == Digest.of(text)}")
+    facts["compressed"] = {"digest": str(dz), "size": info.size, "stored_size": info.stored_size,
+                           "codec": info.codec}
+    say(f"2. put a {human_bytes(info.size)} training log with compress=True -> {dz.short()}, stored {info.codec} "
+        f"in {human_bytes(info.stored_size)}; the digest is that of the uncompressed bytes: "
+        f"{dz == Digest.of(text)}")
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "weights.bin"
         src.write_bytes(os.urandom(8 << 20))
@@ -202,50 +336,63 @@ def cmd_demo(args: argparse.Namespace) -> int:
         d3 = store.put_path(src, compress=True)
         dt = time.perf_counter() - t
         info = store.stat(d3)
-        print(f"put_path 8 MiB of random bytes with compress=True -> codec {info.codec} "
-              f"(compression skipped: it would not pay) in {dt * 1e3:.1f} ms")
+        say(f"3. put_path 8 MiB of random bytes with compress=True -> codec {info.codec} "
+            f"(compression skipped: it would not pay) in {dt * 1e3:.1f} ms")
         same = store.get(d3) == src.read_bytes()
-    print(f"get verified the BLAKE3 digest and returned identical bytes: {same}")
-    print(f"raw object path for h5py/np.memmap (read-only): {store.path(d3)}")
+    facts["random"] = {"digest": str(d3), "codec": info.codec, "verified": same}
+    say(f"4. get re-hashed the bytes it read (BLAKE3) and returned identical bytes: {same}")
+    say(f"5. raw object path for h5py/np.memmap (read-only): {store.path(d3)}")
     with store.edit("demo") as m:
         m["payload.txt"] = d1
         m["train.log"] = dz
         m["weights.bin"] = d3
         m.meta["note"] = "recorded by casstore demo"
     versions = len(store.history("demo"))
-    print(f"manifest 'demo' -> {m.result.digest.short() if m.result else '?'} "
-          f"({versions} version{'s' if versions != 1 else ''}; see `casstore manifest show demo`, "
-          "`casstore log demo`)")
+    facts["manifest"] = {"name": "demo", "digest": str(m.result.digest) if m.result else None, "versions": versions}
+    say(f"6. manifest 'demo' -> {m.result.digest.short() if m.result else '?'}: names three objects by key "
+        f"({versions} version{'s' if versions != 1 else ''}; see `casstore manifest show demo`, "
+        "`casstore log demo`)")
     after = sum(1 for _ in store.iter_objects())
-    print(f"objects in store: {before} before, {after} after (two puts of one payload stored once; "
-          "the manifest version is an object too)")
+    facts["objects"] = {"before": before, "after": after}
+    say(f"7. objects in store: {before} before, {after} after (two puts of one payload stored once; "
+        "the manifest version is an object too)")
+    if as_json:
+        facts["lines"] = lines
+        print(json.dumps(facts, indent=2))
     return 0
 
 
 def register(add: Add) -> None:
     """Add the object subcommands to the ``casstore`` parser."""
-    sp = add("init", cmd_init, "create a store in DIR")
-    sp.add_argument("dir")
+    sp = add("init", cmd_init, "create a store in DIR (an existing store is left as it is)")
+    sp.add_argument("dir", help="the store directory (created with its parents)")
     sp.add_argument("--compress", default=None, type=compress_arg,
                     help="default codec: raw (default), zstd or a level 1-22")
     sp.add_argument("--scratch", action="store_true", help="no fsync on put (fast; may lose recent puts on power loss)")
     sp.add_argument("--shared", action="store_true", help="group-writable store for several users")
+    sp.add_argument("--json", action="store_true")
     sp = add("put", cmd_put, "store files (or - for stdin); print their digests")
-    sp.add_argument("files", nargs="+")
+    sp.add_argument("files", nargs="+", metavar="FILE",
+                    help="regular files, or - for stdin (all are checked before anything is stored)")
     sp.add_argument("--compress", default=None, type=compress_arg,
                     help="raw, zstd or a zstd level (default: the store's)")
     sp.add_argument("--names", action="store_true", help="print 'digest  file' even for one file")
+    sp.add_argument("--json", action="store_true")
     sp = add("get", cmd_get, "write an object to stdout or -o FILE (verifies its digest)")
     sp.add_argument("digest", help="digest or unique prefix")
     sp.add_argument("-o", "--output",
-                    help="output file (written atomically; a device, pipe or symlink is written in place)")
+                    help="output file (written atomically; a device, pipe or symlink is written in place); "
+                         "- writes to stdout even when it is a terminal")
     sp.add_argument("--no-verify", action="store_true", help="skip re-hashing")
     sp = add("stat", cmd_stat, "show an object's size, stored size and codec")
-    sp.add_argument("digest")
+    sp.add_argument("digest", help="digest or unique prefix")
     sp.add_argument("--json", action="store_true")
     sp = add("ls", cmd_ls, "list objects (or heads and pins with --names)")
-    sp.add_argument("--json", action="store_true",
-                    help="JSON: one document per object (JSON Lines); with --names one JSON list")
+    fmt = sp.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="one JSON document: a list of objects (or of names)")
+    fmt.add_argument("--jsonl", action="store_true", help="JSON Lines: one JSON document per object, streamed")
     sp.add_argument("--names", action="store_true", help="list heads and pins instead of objects")
     sp.add_argument("--all", action="store_true", help="with --names: also internal records (_fetch/... with URL)")
-    add("demo", cmd_demo, "put, dedupe, get and verify on the store, explaining each step")
+    sp = add("demo", cmd_demo, "a guided tour: put, dedupe, get, verify and a manifest, each step explained "
+                               "(in a temporary store unless --store is given)")
+    sp.add_argument("--json", action="store_true")

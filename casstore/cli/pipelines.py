@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from .common import Add, open_from_args
 
@@ -14,14 +15,15 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     store = open_from_args(args)
     d = store.fetch(args.url, digest=args.digest, sha256=args.sha256, md5=args.md5, force=args.force or None,
                     refresh=args.refresh)
-    print(d)
+    print(json.dumps({"digest": str(d)}) if args.json else d)  # not the URL: it may carry a token
     return 0
 
 
 def register(add: Add) -> None:
     """Add ``casstore fetch`` to the ``casstore`` parser."""
     sp = add("fetch", cmd_fetch, "download URL into the store once (other processes wait); print its digest")
-    sp.add_argument("url")
+    sp.add_argument("url", help="http(s):// or file:// URL")
+    sp.add_argument("--json", action="store_true")
     sp.add_argument("--digest", help="expected blake3 digest")
     sp.add_argument("--sha256", help="expected sha256 (hex)")
     sp.add_argument("--md5", help="expected md5 (hex)")

@@ -35,6 +35,9 @@ def cmd_remote_add(args: argparse.Namespace) -> int:
                          profile=args.profile, replace=args.replace)
     if args.create_bucket:
         rem.create_bucket()
+    if args.json:
+        print(json.dumps({"name": args.name, "url": rem.url, "endpoint_url": rem.endpoint_url}))
+        return 0
     print(f"remote {args.name!r}: {rem.url}" + (f" at {rem.endpoint_url}" if rem.endpoint_url else ""))
     return 0
 
@@ -42,6 +45,8 @@ def cmd_remote_add(args: argparse.Namespace) -> int:
 def cmd_remote_rm(args: argparse.Namespace) -> int:
     """``casstore remote rm NAME``: forget a remote."""
     open_from_args(args, create=False).remove_remote(args.name)
+    if args.json:
+        print(json.dumps({"removed": args.name}))
     return 0
 
 
@@ -84,6 +89,9 @@ def cmd_remote_check(args: argparse.Namespace) -> int:
     """``casstore remote check NAME``: probe the server's conditional writes."""
     rem = _remote(open_from_args(args, create=False), args.name)
     rem.check()
+    if args.json:
+        print(json.dumps({"name": args.name, "remote": rem.describe(), "create_only": True, "compare_and_swap": True}))
+        return 0
     print(f"{rem.describe()}: create-only writes (If-None-Match: *) and compare-and-swap (If-Match) work")
     return 0
 
@@ -128,31 +136,34 @@ def register(add: Add) -> None:
     action = add_actions(add("remote", None, "configure remotes on S3-compatible object stores (add, ls, check, rm)"),
                          "remote", "remote_command")
     rp = action("add", cmd_remote_add, "record remote NAME at URL (s3://bucket/prefix) in the store's remotes.toml")
-    rp.add_argument("name")
+    rp.add_argument("name", help="a name for the remote (used by push, pull and remote ls)")
     rp.add_argument("url", help="s3://bucket/prefix")
     rp.add_argument("--endpoint-url", help="server of a non-AWS store, e.g. http://host:8333 (SeaweedFS, MinIO)")
     rp.add_argument("--region", help="bucket region (default: from the AWS config, else us-east-1)")
     rp.add_argument("--profile", help="AWS profile for this remote's credentials")
     rp.add_argument("--replace", action="store_true", help="replace an existing remote of that name")
     rp.add_argument("--create-bucket", action="store_true", help="create the bucket if it does not exist")
+    rp.add_argument("--json", action="store_true")
     rp = action("ls", cmd_remote_ls, "list configured remotes, or the pins and heads on remote NAME")
-    rp.add_argument("name", nargs="?")
+    rp.add_argument("name", nargs="?", help="a remote to list the pins and heads of (default: list remotes)")
     rp.add_argument("--objects", action="store_true", help="also count the remote's objects and bytes")
     rp.add_argument("--json", action="store_true")
     rp = action("check", cmd_remote_check, "check that remote NAME's server honours create-only and CAS writes")
-    rp.add_argument("name")
+    rp.add_argument("name", help="a remote from `casstore remote ls`")
+    rp.add_argument("--json", action="store_true")
     rp = action("rm", cmd_remote_rm, "forget remote NAME (the remote itself is untouched)")
-    rp.add_argument("name")
+    rp.add_argument("name", help="a remote from `casstore remote ls`")
+    rp.add_argument("--json", action="store_true")
 
     sp = add("push", cmd_push, "upload pins/heads (all if none named) and the objects the remote lacks")
     sp.add_argument("remote", metavar="NAME", help="a remote from `casstore remote ls`")
-    sp.add_argument("names", nargs="*", metavar="PIN|HEAD")
+    sp.add_argument("names", nargs="*", metavar="PIN|HEAD", help="names to transfer (default: all)")
     sp.add_argument("--force", action="store_true", help="overwrite a diverged remote head (never a pin)")
     sp.add_argument("--workers", type=workers_arg, default=None, help="parallel transfers (default 16)")
     sp.add_argument("--json", action="store_true")
     sp = add("pull", cmd_pull, "download pins/heads (all if none named), verifying every object")
     sp.add_argument("remote", metavar="NAME", help="a remote from `casstore remote ls`")
-    sp.add_argument("names", nargs="*", metavar="PIN|HEAD")
+    sp.add_argument("names", nargs="*", metavar="PIN|HEAD", help="names to transfer (default: all)")
     g = sp.add_mutually_exclusive_group()
     g.add_argument("--no-merge", action="store_true", help="refuse to merge a diverged head (conflict error)")
     g.add_argument("--merge", choices=["ours", "theirs"], help="merge a diverged head; conflicting keys take this side")

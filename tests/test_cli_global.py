@@ -1,0 +1,290 @@
+"""Global CLI behaviour (issue 12): --json everywhere, help everywhere, --store anywhere, init/put/get rules.
+
+Every subcommand is found by walking the real parser, so a new command without
+``--json`` (or an argument without help) fails here unless it is listed, with a
+reason, in an exemption below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import _seaweed
+import pytest
+from conftest import PYTHON
+
+import casstore
+from casstore.cli.app import build_parser
+
+# SeaweedFS fixtures (one server per session), as the remote tests share them.
+aws_credentials = _seaweed.aws_credentials
+seaweed = _seaweed.seaweed
+remote_url = _seaweed.remote_url
+
+# Commands whose stdout is not a report, so --json has no meaning there.
+NO_JSON = {
+    ("get",): "stdout is the object's bytes (binary), not a report",
+    ("completion",): "stdout is a shell script to be sourced",
+}
+# Commands that need an S3 server; their --json runs in test_remote_commands_json (SeaweedFS).
+NEEDS_SERVER = {("remote", "check"), ("push",), ("pull",)}
+
+
+def _env(tmp_path: Path) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CASSTORE_") and not k.startswith("XDG_")}
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), XDG_CACHE_HOME=str(home / ".cache"))
+    return env
+
+
+def cli(tmp_path: Path, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "casstore", *args], input=stdin.decode(), capture_output=True, text=True,
+                          env=_env(tmp_path), cwd=tmp_path, timeout=120)
+
+
+def _commands() -> List[Tuple[Tuple[str, ...], object]]:
+    """Every runnable command path (leaves of the parser tree) with its parser."""
+    return [(path, p) for path, p in build_parser().walk() if path and not p.subcommands()]
+
+
+def test_every_argument_and_option_has_help() -> None:
+    missing = [(" ".join(path), a.dest) for path, p in build_parser().walk() for a in p.options() if not a.help]
+    assert missing == []
+
+
+def test_every_command_has_json_or_a_reason() -> None:
+    no_json = [path for path, p in _commands() if "--json" not in {o for a in p.options()  # type: ignore[attr-defined]
+                                                                    for o in a.option_strings}]
+    assert sorted(no_json) == sorted(NO_JSON), "a new command needs --json (or a justified NO_JSON entry)"
+
+
+def test_store_option_before_or_after_every_command() -> None:
+    for path, p in _commands():
+        flags = {o for a in p.options() for o in a.option_strings}  # type: ignore[attr-defined]
+        assert "--store" in flags, path
+    parser = build_parser()
+    assert parser.parse_args(["--store", "A", "ls"]).store == "A"
+    assert parser.parse_args(["ls", "--store", "B"]).store == "B"
+    assert parser.parse_args(["--store", "A", "manifest", "show", "x", "--store", "B"]).store == "B"
+    assert parser.parse_args(["manifest", "show", "x"]).store is None
+
+
+@pytest.fixture
+def small_store(tmp_path: Path) -> Tuple[Path, Dict[str, str]]:
+    """A store with a head, a pin, a preserved index cache, a file and a folder to add; returns names used."""
+    root = tmp_path / "s"
+    s = casstore.open(root)
+    (tmp_path / "f.txt").write_bytes(b"hello json\n")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "a.txt").write_text("a")
+    d = s.put(b"object one")
+    with s.edit("exp") as m:
+        m["one"] = d
+    with s.edit("exp") as m:
+        m["two"] = s.put(b"object two")
+    with s.edit("tofreeze") as m:
+        m["x"] = d
+    with s.edit("tomove") as m:
+        m["x"] = d
+    with s.edit("torm") as m:
+        m["x"] = d
+    s.pin("p", "exp")
+    s.pin("tounpin", "exp")
+    cache = casstore.IndexCache(s, 4)
+    for i in range(4):
+        cache.put(i, b"rec %d" % i)
+    cache.preserve("cache1")
+    cache.close()
+    return root, {"digest": str(d)}
+
+
+def _json_args(path: Tuple[str, ...], tmp_path: Path, names: Dict[str, str]) -> List[str]:
+    """Arguments that make ``path`` succeed against ``small_store``."""
+    d = names["digest"]
+    return {
+        ("init",): [str(tmp_path / "new-store")],
+        ("put",): [str(tmp_path / "f.txt")],
+        ("stat",): [d[:20]],
+        ("ls",): [],
+        ("demo",): [],
+        ("add",): ["folder-exp", str(tmp_path / "folder")],
+        ("status",): ["exp", str(tmp_path / "folder")],
+        ("manifest", "show"): ["exp"],
+        ("manifest", "set"): ["exp", "three", str(tmp_path / "f.txt")],
+        ("manifest", "rm"): ["exp", "one"],
+        ("freeze",): ["tofreeze"],
+        ("pin",): ["p2", "exp~1"],
+        ("unpin",): ["tounpin"],
+        ("pins",): [],
+        ("diff",): ["exp~1", "exp"],
+        ("checkout",): ["exp", str(tmp_path / "out")],
+        ("log",): ["exp"],
+        ("rm",): ["torm"],
+        ("mv",): ["tomove", "moved"],
+        ("config",): [],
+        ("fetch",): [(tmp_path / "f.txt").as_uri()],
+        ("remote", "add"): ["origin", "s3://bucket/prefix", "--endpoint-url", "http://127.0.0.1:9"],
+        ("remote", "ls"): [],
+        ("remote", "rm"): ["origin"],
+        ("gc",): [],
+        ("verify",): [],
+        ("du",): [],
+        ("stats",): [],
+        ("cache", "info"): ["cache1"],
+        ("cache", "verify"): ["cache1"],
+    }[path]
+
+
+def test_every_command_prints_one_json_document(tmp_path: Path, small_store: Tuple[Path, Dict[str, str]]) -> None:
+    root, names = small_store
+    order = [path for path, _p in _commands() if path not in NO_JSON and path not in NEEDS_SERVER]
+    # remote rm after remote add; everything else in parser order
+    order.sort(key=lambda p: p == ("remote", "rm"))
+    seen = []
+    for path in order:
+        args = _json_args(path, tmp_path, names)
+        r = cli(tmp_path, *path, *args, "--json", "--store", str(root))
+        assert r.returncode == 0, (path, r.stderr)
+        try:
+            json.loads(r.stdout)
+        except json.JSONDecodeError as e:
+            raise AssertionError(f"casstore {' '.join(path)} --json printed no single JSON document: "
+                                 f"{e}\n{r.stdout[:500]}") from None
+        seen.append(path)
+    assert len(seen) >= 25
+
+
+@pytest.mark.slow
+def test_remote_commands_json(tmp_path: Path, remote_url: str, seaweed: Any) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    sa = casstore.open(a)
+    casstore.open(b)
+    with sa.edit("exp") as m:
+        m["k"] = sa.put(b"remote json")
+    endpoint = str(seaweed.endpoint)
+    for root in (a, b):
+        r = cli(tmp_path, "--store", str(root), "remote", "add", "origin", remote_url, "--endpoint-url", endpoint,
+                "--json")
+        assert json.loads(r.stdout)["name"] == "origin", r.stderr
+    r = cli(tmp_path, "--store", str(a), "remote", "check", "origin", "--json")
+    assert json.loads(r.stdout)["compare_and_swap"] is True, r.stderr
+    r = cli(tmp_path, "push", "origin", "--store", str(a), "--json")
+    assert json.loads(r.stdout)["objects"] >= 2, r.stderr
+    r = cli(tmp_path, "pull", "origin", "exp", "--json", "--store", str(b))
+    assert json.loads(r.stdout)["refs"] == {"heads/exp": "created"}, r.stderr
+
+
+def test_python_dash_m_casstore_and_version(tmp_path: Path) -> None:
+    r = cli(tmp_path, "--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"casstore {casstore.__version__}"
+    r = cli(tmp_path, "--help")
+    assert r.returncode == 0 and "completion" in r.stdout
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_completion_scripts(tmp_path: Path, shell: str) -> None:
+    r = cli(tmp_path, "completion", shell)
+    assert r.returncode == 0, r.stderr
+    for word in ("checkout", "manifest", "-l store" if shell == "fish" else "--store"):
+        assert word in r.stdout, (shell, word)
+    if shell == "bash":  # the script parses and defines the completion function
+        b = subprocess.run(["bash", "-c", 'eval "$1" && complete -p casstore', "_", r.stdout],
+                           capture_output=True, text=True, timeout=30)
+        assert b.returncode == 0 and "casstore" in b.stdout, b.stderr
+
+
+def _err(r: subprocess.CompletedProcess[str], kind: str) -> str:
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.count("\n") == 1 and r.stderr.rstrip().endswith(f"[{kind}]"), r.stderr
+    return r.stderr
+
+
+def test_a_missing_store_is_not_created_but_the_default_one_is(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"x")
+    missing = tmp_path / "typo-store"
+    for cmd in (["put", "f"], ["manifest", "set", "n", "k", "f"], ["add", "n", "."], ["demo"]):
+        err = _err(cli(tmp_path, "--store", str(missing), *cmd), "StoreFormatError")
+        assert f"casstore init {missing}" in err, err
+        assert not missing.exists()
+    # the per-user default store is still made on first use
+    r = cli(tmp_path, "put", "f")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "home" / ".cache" / "casstore" / "store.toml").exists()
+    # and `init` then lets --store write
+    assert cli(tmp_path, "init", str(missing)).returncode == 0
+    assert cli(tmp_path, "--store", str(missing), "put", "f").returncode == 0
+
+
+def test_init_on_an_existing_store_says_what_differs(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    r = cli(tmp_path, "init", str(root), "--compress", "5", "--json")
+    assert json.loads(r.stdout) == {"store": str(root), "created": True, "compression": "zstd", "level": 5,
+                                    "durable": True, "shared": False}
+    before = (root / "store.toml").read_bytes()
+    r = cli(tmp_path, "init", str(root))  # same (or no) options: fine, and says it existed
+    assert r.returncode == 0 and "already existed" in r.stdout
+    assert cli(tmp_path, "init", str(root), "--compress", "5").returncode == 0
+    err = _err(cli(tmp_path, "init", str(root), "--compress", "raw", "--scratch", "--shared"), "StoreFormatError")
+    assert "compression zstd level 5 (asked: raw)" in err
+    assert "durable (asked: --scratch)" in err and "not shared (asked: --shared)" in err
+    err = _err(cli(tmp_path, "init", str(root), "--compress", "9"), "StoreFormatError")
+    assert "compression zstd level 5 (asked: zstd level 9)" in err
+    assert (root / "store.toml").read_bytes() == before
+
+
+def test_put_checks_every_argument_before_storing(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    s = casstore.open(root)
+    (tmp_path / "ok1").write_bytes(b"first")
+    (tmp_path / "ok2").write_bytes(b"second")
+    (tmp_path / "dir").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    cases: List[Tuple[List[str], str, str]] = [
+        (["ok1", "ok2", "missing.bin"], "missing.bin: no such file", "ObjectNotFoundError"),
+        (["ok1", "dir", "ok2"], "dir is a directory", "InvalidInputError"),
+        (["ok1", "fifo"], "fifo is not a regular file", "InvalidInputError"),
+        (["-", "ok1", "-"], "more than once", "InvalidInputError"),
+    ]
+    for args, text, kind in cases:
+        err = _err(cli(tmp_path, "--store", str(root), "put", *args), kind)
+        assert text in err and "nothing was stored" in err or kind == "InvalidInputError" and text in err, err
+        assert list(s.iter_objects()) == [], args
+    r = cli(tmp_path, "--store", str(root), "put", "ok1", "-", "ok2", "--json", stdin=b"from stdin")
+    doc = json.loads(r.stdout)
+    assert [x["file"] for x in doc] == ["ok1", "-", "ok2"]
+    assert s.get(doc[1]["digest"]) == b"from stdin"
+
+
+@pytest.mark.parametrize("cmd", ["get", "stat"])
+def test_a_missing_file_is_not_called_a_malformed_digest(tmp_path: Path, cmd: str) -> None:
+    root = tmp_path / "s"
+    casstore.open(root)
+    (tmp_path / "model.bin").write_bytes(b"weights")
+    err = _err(cli(tmp_path, "--store", str(root), cmd, "model.bin"), "ObjectNotFoundError")
+    assert "is a file, not a digest" in err and "casstore put model.bin" in err, err
+    err = _err(cli(tmp_path, "--store", str(root), cmd, "data/missing.npy"), "ObjectNotFoundError")
+    assert "no such file" in err and "malformed" not in err, err
+    # a plain bad digest is still a digest error
+    _err(cli(tmp_path, "--store", str(root), cmd, "zzzz"), "InvalidDigestError")
+
+
+def test_demo_runs_in_a_temporary_store_and_explains_itself(tmp_path: Path) -> None:
+    r = cli(tmp_path, "demo")
+    assert r.returncode == 0, r.stderr
+    assert "temporary store, deleted when the demo ends" in r.stdout
+    assert "equal bytes are stored once" in r.stdout
+    assert not (tmp_path / "home" / ".cache" / "casstore").exists()  # the default store was not touched
+    tmp_root = r.stdout.split("store: ", 1)[1].split(" ", 1)[0]
+    assert not Path(tmp_root).exists()
+    root = tmp_path / "kept"
+    casstore.open(root)
+    r = cli(tmp_path, "--store", str(root), "demo", "--json")
+    doc = json.loads(r.stdout)
+    assert doc["temporary"] is False and doc["dedupe"]["same_digest"] is True
+    assert "demo" in casstore.open(root).heads()
