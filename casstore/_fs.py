@@ -118,7 +118,23 @@ def fsync_dir(path: os.PathLike[str] | str) -> None:
         os.close(fd)
 
 
-_libc: Optional[ctypes.CDLL] = None
+_libc_fns: dict[str, Optional[Callable[..., int]]] = {}
+
+
+def libc_fn(name: str, argtypes: Tuple[Any, ...]) -> Optional[Callable[..., int]]:
+    """libc's ``name`` (Linux calls the os module lacks: syncfs, fallocate, sync_file_range,
+    madvise on raw addresses), looked up once per process; None where it does not exist."""
+    if name not in _libc_fns:
+        fn: Optional[Callable[..., int]] = None
+        try:
+            f = getattr(ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True), name)
+            f.argtypes = argtypes
+            f.restype = ctypes.c_int
+            fn = f
+        except (OSError, AttributeError):  # not glibc/musl, or too old a libc
+            fn = None
+        _libc_fns[name] = fn
+    return _libc_fns[name]
 
 
 def syncfs(path: os.PathLike[str] | str) -> None:
@@ -126,10 +142,7 @@ def syncfs(path: os.PathLike[str] | str) -> None:
 
     Falls back to ``os.sync()`` where ``syncfs(2)`` is unavailable.
     """
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    fn = getattr(_libc, "syncfs", None)
+    fn = libc_fn("syncfs", (ctypes.c_int,))
     if fn is None:
         os.sync()
         return
@@ -287,58 +300,33 @@ _MADV_HUGEPAGE = 14  # linux/mman.h
 
 def _madvise() -> Optional[Callable[[int, int, int], int]]:
     """libc's madvise on raw addresses (Linux), or None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        fn = libc.madvise
-    except (OSError, AttributeError):  # pragma: no cover
-        return None
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    fn.restype = ctypes.c_int
-    return fn
+    return libc_fn("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))
 
 
 _fill = _bytes_filler()
 
 _FALLOC_FL_KEEP_SIZE = 1  # linux/falloc.h
-_fallocate_fn: List[Optional[Callable[[int, int, int, int], int]]] = []
 
 
 def _fallocate() -> Optional[Callable[[int, int, int, int], int]]:
     """libc's fallocate (Linux), looked up once; None elsewhere."""
-    if not _fallocate_fn:
-        fn: Optional[Callable[[int, int, int, int], int]] = None
-        if sys.platform.startswith("linux"):
-            try:
-                f = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).fallocate
-                f.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong)
-                f.restype = ctypes.c_int
-                fn = f
-            except (OSError, AttributeError):  # pragma: no cover
-                fn = None
-        _fallocate_fn.append(fn)
-    return _fallocate_fn[0]
+    return libc_fn("fallocate", (ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong))
 
 
-_SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start writeback of dirty pages, do not wait
-_sfr_fn: List[Optional[Callable[[int, int, int, int], int]]] = []
+SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start writeback of dirty pages, do not wait
 
 
-def _sync_file_range() -> Optional[Callable[[int, int, int, int], int]]:
-    """libc's sync_file_range (Linux), looked up once; None elsewhere."""
-    if not _sfr_fn:
-        fn: Optional[Callable[[int, int, int, int], int]] = None
-        if sys.platform.startswith("linux"):
-            try:
-                f = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).sync_file_range
-                f.argtypes = (ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint)
-                f.restype = ctypes.c_int
-                fn = f
-            except (OSError, AttributeError):  # pragma: no cover
-                fn = None
-        _sfr_fn.append(fn)
-    return _sfr_fn[0]
+def start_writeback(fd: int, off: int, n: int) -> None:
+    """Ask the kernel to start writing ``n`` bytes of ``fd`` from ``off`` to disk, without waiting.
+
+    ``sync_file_range(SYNC_FILE_RANGE_WRITE)`` (Linux; the os module lacks it): the disk
+    flushes while the caller goes on writing and hashing, so a later fsync waits only for
+    the tail.  A hint, never durability (that is still fsync's): where it is missing or
+    fails, nothing happens.
+    """
+    fn = libc_fn("sync_file_range", (ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint))
+    if fn is not None and n > 0:
+        fn(fd, off, n, SYNC_FILE_RANGE_WRITE)
 
 
 def fresh_bytes(n: int) -> Optional[Tuple[bytes, memoryview]]:
@@ -550,14 +538,9 @@ class Staging:
     def start_writeback(self, off: int, n: int) -> None:
         """Ask the kernel to start writing ``n`` bytes from ``off`` to disk now, without waiting.
 
-        ``sync_file_range(SYNC_FILE_RANGE_WRITE)`` (Linux): the disk flushes while the
-        caller goes on writing and hashing, so the final fsync waits only for the
-        tail.  It is a hint, never durability (that is still fsync's): where it is
-        missing or fails, nothing happens.
+        See :func:`start_writeback`: a hint, never durability.
         """
-        fn = _sync_file_range()
-        if fn is not None and n > 0:
-            fn(self.fd, off, n, _SYNC_FILE_RANGE_WRITE)
+        start_writeback(self.fd, off, n)
 
     def sync(self) -> None:
         """fsync the staged data."""

@@ -58,7 +58,7 @@ import blake3
 from xxhash import xxh3_64_intdigest as _xxh3
 
 from ._faults import fault
-from ._fs import disk_full, process_token
+from ._fs import disk_full, process_token, start_writeback
 from ._fs import pwrite_all as _pwrite_all
 from ._lock import DEFAULT_TIMEOUT
 from .digest import Digest, hash_fd
@@ -254,22 +254,6 @@ _FOLLOW_STEP = 8 << 20  # hash (and start writing back) the data file in steps o
 _FOLLOW_BUF = 2 << 20  # read (and hash) at most this much at a time
 _FINISH_WINDOW = 32 << 20  # preserve maps what is left in windows this large (a multiple of the step)
 _FOLLOW_POLL = 0.05  # seconds between looks at the data end while the cache is filled
-_SYNC_FILE_RANGE_WRITE = 2
-
-
-def _sync_file_range() -> Optional[Callable[[int, int, int, int], int]]:
-    """libc's ``sync_file_range`` (Linux; Python's os module lacks it), or None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        f = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):  # pragma: no cover - not glibc/musl
-        return None
-    f.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    f.restype = ctypes.c_int
-    return cast("Callable[[int, int, int, int], int]", f)
 
 
 class _Follower:
@@ -288,7 +272,7 @@ class _Follower:
     has no such thread, and its ``preserve`` hashes the whole file as before.
     """
 
-    __slots__ = ("pid", "dfd", "ifd", "ino", "pos", "h", "guard", "stop", "thread", "failed", "sync", "buf")
+    __slots__ = ("pid", "dfd", "ifd", "ino", "pos", "h", "guard", "stop", "thread", "failed", "writeback", "buf")
 
     def __init__(self, data: Path, index: Path, durable: bool) -> None:
         self.pid = os.getpid()
@@ -308,7 +292,7 @@ class _Follower:
         self.guard = threading.Lock()  # the thread's steps and finish() never interleave
         self.stop = threading.Event()
         self.failed = False
-        self.sync = _sync_file_range() if durable else None
+        self.writeback = durable  # start each step's writeback at once: the fsync at preserve is short
         self.thread = threading.Thread(target=self._run, name="casstore-cache-follow", daemon=True)
         self.thread.start()
 
@@ -339,8 +323,8 @@ class _Follower:
                 self.failed = True  # shorter than its committed end: preserve hashes (and checks) it itself
                 return
             self.h.update(memoryview(buf)[:n])
-            if writeback and self.sync is not None:
-                self.sync(self.dfd, self.pos, n, _SYNC_FILE_RANGE_WRITE)  # a hint: its result is not needed
+            if writeback and self.writeback:
+                start_writeback(self.dfd, self.pos, n)
             self.pos += n
 
     def _finish_to(self, size: int) -> None:
@@ -356,8 +340,8 @@ class _Follower:
                 return
             n = min(_FINISH_WINDOW, size - self.pos)
             with mmap.mmap(self.dfd, n, prot=mmap.PROT_READ, offset=self.pos) as mm:
-                if self.sync is not None:
-                    self.sync(self.dfd, self.pos, n, _SYNC_FILE_RANGE_WRITE)
+                if self.writeback:
+                    start_writeback(self.dfd, self.pos, n)
                 self.h.update(mm)
             self.pos += n
 
