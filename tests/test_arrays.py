@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import hypothesis.extra.numpy as hnp
 import numpy as np
 import pytest
+from _corrupt import flip_byte
 from _fetch_helpers import assert_objects_valid, b3
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -232,21 +233,11 @@ def test_mmap_is_read_only_memmap_of_the_object(store: casstore.Store) -> None:
     assert g.flags.writeable and not isinstance(g, np.memmap)
 
 
-def _flip(path: Path, offset: int) -> None:
-    os.chmod(path, 0o644)
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x01]))
-    os.chmod(path, 0o444)
-
-
 def test_corrupt_data_raises_integrity_error(store: casstore.Store) -> None:
     a = np.arange(100_000, dtype=np.float64)
     d = store.put_array(a)
     size = store.stat(d).size
-    _flip(store.path(d), size - 1000)  # a byte of the data part
+    flip_byte(store.path(d), size - 1000)  # a byte of the data part
     with pytest.raises(IntegrityError, match=str(d)[:20]):
         store.get_array(d)
     # verify=False (and mmap, which never hashes) return the damaged data without complaint:
@@ -258,7 +249,7 @@ def test_corrupt_large_array_raises_integrity_error(store: casstore.Store) -> No
     a = np.arange(5 << 20, dtype=np.float32)  # 20 MiB
     d = store.put_array(a)
     same(a, store.get_array(d))
-    _flip(store.path(d), store.stat(d).size // 2)
+    flip_byte(store.path(d), store.stat(d).size // 2)
     with pytest.raises(IntegrityError, match=str(d)[:20]):
         store.get_array(d)
 
@@ -293,7 +284,7 @@ def test_corrupt_compressed_array_raises_integrity_error(store: casstore.Store) 
     info = store.stat(d)
     assert info.codec == "zstd"
     p = store.root / "objects" / d.hex[:2] / (d.hex[2:] + ".zst")
-    _flip(p, info.stored_size // 2)
+    flip_byte(p, info.stored_size // 2)
     with pytest.raises(IntegrityError):
         store.get_array(d)
 
@@ -472,7 +463,7 @@ def test_damaged_header_is_integrity_error_not_format_error(store: casstore.Stor
     a = np.arange(1000, dtype=np.float64)
     d = store.put_array(a)
     text = store.path(d).read_bytes()
-    _flip(store.path(d), text.index(b"(1000,)") + 1)  # shape (1000,) -> (0000,)
+    flip_byte(store.path(d), text.index(b"(1000,)") + 1)  # shape (1000,) -> (0000,)
     for mmap in (False, True):
         with pytest.raises(IntegrityError, match="no longer hashes"):
             store.get_array(d, mmap=mmap, verify=False)

@@ -17,6 +17,7 @@ from typing import Any, Tuple
 import h5py
 import numpy as np
 import pytest
+from _corrupt import flip_byte
 from _fetch_helpers import SPAWN, assert_objects_valid, flock_holder, hdf5_holder, hdf5_reader, results
 
 import casstore
@@ -177,16 +178,6 @@ def test_plain_h5py_locking_hazard(tmp_path: Path, h5file: Path, holder_mode: st
 # -- verified before h5py sees it (issue 11) ---------------------------------------------
 
 
-def _flip(path: Path, offset: int) -> None:
-    os.chmod(path, 0o644)
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x01]))
-    os.chmod(path, 0o444)
-
-
 def _data_offset(path: Path) -> int:
     with h5py.File(path, "r") as f:
         off = f["x"].id.get_offset()  # contiguous layout: where the dataset's bytes start
@@ -198,7 +189,7 @@ def test_flipped_byte_in_an_hdf5_object_is_integrity_error(store: casstore.Store
     d = store.put_path(h5file, compress=False)
     with store.open_hdf5(d) as f:  # verified once (and remembered while the file is unchanged)
         assert float(f["x"][...].sum()) == TOTAL
-    _flip(store.path(d), _data_offset(h5file))
+    flip_byte(store.path(d), _data_offset(h5file))
     with pytest.raises(IntegrityError, match=str(d)[:20]):
         store.open_hdf5(d)
     # verify=False skips the hash: h5py opens the damaged bytes (documented: unverified).
@@ -211,7 +202,7 @@ def test_damaged_compressed_hdf5_object_is_never_materialized(store: casstore.St
     info = store.stat(d)
     assert info.codec == "zstd"
     zst = store.root / "objects" / d.hex[:2] / (d.hex[2:] + ".zst")
-    _flip(zst, info.stored_size // 2)
+    flip_byte(zst, info.stored_size // 2)
     for verify in (True, False):  # materializing always verifies
         with pytest.raises(IntegrityError):
             store.open_hdf5(d, verify=verify)
@@ -223,6 +214,6 @@ def test_damaged_raw_copy_of_a_compressed_object_is_caught(store: casstore.Store
     d = store.put_path(h5file, compress=True)
     with store.open_hdf5(d) as f:  # materializes the raw copy
         assert float(f["x"][...].sum()) == TOTAL
-    _flip(store.path(d), _data_offset(h5file))  # the raw copy, changed after it was verified
+    flip_byte(store.path(d), _data_offset(h5file))  # the raw copy, changed after it was verified
     with pytest.raises(IntegrityError):
         store.open_hdf5(d)

@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, List
 
 import msgpack
 import pytest
+from _corrupt import flip_byte
 from _manifest_helpers import lock_file, raw_manifest_bytes
 
 import casstore
@@ -355,16 +356,6 @@ def test_malformed_entries_raise_store_format_error(mstore: casstore.Store, obj:
     assert mstore.heads() == {"bad": d}
 
 
-def _flip_byte(path: Path, offset: int) -> None:
-    os.chmod(path, 0o644)
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x01]))
-    os.chmod(path, 0o444)
-
-
 def test_flipped_byte_in_a_manifest_object_is_an_integrity_error(mstore: casstore.Store, obj: Digest,
                                                                  tmp_path: Path) -> None:
     with mstore.edit("exp") as m:
@@ -375,13 +366,13 @@ def test_flipped_byte_in_a_manifest_object_is_an_integrity_error(mstore: casstor
         m["k2"] = obj
     v2 = mstore.heads()["exp"]
     mstore.pin("pinned", v2)
-    _flip_byte(mstore.path(v1), len(mstore.get(v1)) - 20)  # inside meta: still decodable msgpack
+    flip_byte(mstore.path(v1), len(mstore.get(v1)) - 20)  # inside meta: still decodable msgpack
     with pytest.raises(IntegrityError, match=v1.hex):
         mstore.manifest(v1)
     with pytest.raises(IntegrityError):
         mstore.history("exp")  # v2 is fine, its parent is not
     assert mstore.manifest("exp").digest == v2
-    _flip_byte(mstore.path(v2), 3)
+    flip_byte(mstore.path(v2), 3)
     for target in ("exp", "pinned", v2, str(v2)):
         with pytest.raises(IntegrityError):
             mstore.manifest(target)
@@ -407,7 +398,7 @@ def test_checkout_of_a_corrupt_data_object_leaves_no_file(mstore: casstore.Store
     with mstore.edit("exp") as m:
         m["f.bin"] = d
     obj_file = next(p for p in (mstore.root / "objects").rglob("*") if p.is_file() and d.hex[2:] in p.name)
-    _flip_byte(obj_file, info.stored_size // 2)
+    flip_byte(obj_file, info.stored_size // 2)
     out = tmp_path / "out"
     with pytest.raises(IntegrityError):
         mstore.checkout("exp", out)

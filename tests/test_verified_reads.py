@@ -19,6 +19,7 @@ from typing import Any, List
 
 import numpy as np
 import pytest
+from _corrupt import flip_byte
 from _fetch_helpers import assert_objects_valid, b3
 
 import casstore
@@ -33,16 +34,6 @@ MiB = 1 << 20
 @pytest.fixture
 def store(tmp_path: Path) -> casstore.Store:
     return casstore.open(tmp_path / "store", durable=False, compress=False)
-
-
-def _flip(path: Path, offset: int) -> None:
-    os.chmod(path, 0o644)
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x01]))
-    os.chmod(path, 0o444)
 
 
 def _bounded_threads(before: int) -> None:
@@ -126,7 +117,7 @@ def test_get_array_pipelined_flipped_byte(store: casstore.Store, where: str, n: 
     size = store.stat(d).size
     assert np.array_equal(store.get_array(d), a)
     offset = {"first-block": 200, "middle": size // 2, "last-byte": size - 1}[where]
-    _flip(store.path(d), offset)
+    flip_byte(store.path(d), offset)
     before = threading.active_count()
     got: List[Any] = []
     for _ in range(5):
@@ -218,7 +209,7 @@ def test_mmap_verify_hashes_once_then_maps(store: casstore.Store, monkeypatch: p
 def test_mmap_verify_corrupt_file_raises(store: casstore.Store) -> None:
     a = np.arange(MiB, dtype=np.float32)
     d = store.put_array(a)
-    _flip(store.path(d), store.stat(d).size - 3)
+    flip_byte(store.path(d), store.stat(d).size - 3)
     with pytest.raises(IntegrityError, match=d.hex[:16]):
         store.get_array(d, mmap=True, verify=True)
     # Documented default: a map is not verified unless asked (today's behaviour kept).
@@ -233,7 +224,7 @@ def test_mmap_verify_memo_sees_changes(store: casstore.Store, change: str) -> No
     p = store.path(d)
     st = os.stat(p)
     if change == "in-place":  # same inode and size; mtime/ctime move
-        _flip(p, st.st_size // 2)
+        flip_byte(p, st.st_size // 2)
     elif change == "appended":
         os.chmod(p, 0o644)
         with open(p, "ab") as f:
@@ -241,7 +232,7 @@ def test_mmap_verify_memo_sees_changes(store: casstore.Store, change: str) -> No
     else:  # another inode with the old mtime (ctime cannot be set back)
         tmp = p.with_name("swap")
         shutil.copyfile(p, tmp)
-        _flip(tmp, 100)
+        flip_byte(tmp, 100)
         os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
         os.replace(tmp, p)
     with pytest.raises(IntegrityError):
@@ -277,7 +268,7 @@ def test_readinto_large_flipped_byte_raises_before_the_final_bytes(store: cassto
         got: List[int] = []
         _drain(f, got)
     assert sum(got) == BIG
-    _flip(store.path(d), where)
+    flip_byte(store.path(d), where)
     before = threading.active_count()
     for chunk in (MiB, 3 * MiB + 7):
         got = []
@@ -308,7 +299,7 @@ def test_readinto_large_caller_may_change_its_buffer(store: casstore.Store) -> N
 def test_readinto_large_close_early_and_seek_stop_the_helper(store: casstore.Store) -> None:
     data = os.urandom(BIG)
     d = store.put(data)
-    _flip(store.path(d), BIG - 10)
+    flip_byte(store.path(d), BIG - 10)
     before = threading.active_count()
     for _ in range(10):
         with store.open(d) as f:
@@ -344,7 +335,7 @@ def test_get_large_flipped_byte(store: casstore.Store) -> None:
     data = os.urandom(BIG)
     d = store.put(data)
     assert store.get(d) == data
-    _flip(store.path(d), BIG - 1)
+    flip_byte(store.path(d), BIG - 1)
     with pytest.raises(IntegrityError):
         store.get(d)
 
