@@ -11,6 +11,7 @@ hasher), the refs layer (``store.refs``) and THE manifest decoder
 ``gc``         plans (:class:`GCPlan`), execution, size limits (:func:`limit`)
 ``usage``      :func:`usage`: bytes, compression, dedupe, per head and pin
 ``verify``     :func:`verify`: re-hash every object, resolve every reference, repair
+``listing``    :func:`name_rows`: each name's versions, size and last change (``casstore ls``)
 
 A new maintenance pass goes in a module of its own here and reads the store
 only through those layers' public APIs.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from .durations import Duration, Size, parse_duration, parse_size
 from .gc import GCPlan, GCResult, LimitResult, limit, plan_gc, plan_limit
+from .listing import NameFilter, NameRow, name_rows, parse_filter, select_rows
 from .usage import NameUsage, Usage, usage
 from .verify import VerifyReport, verify
 
@@ -32,6 +34,11 @@ __all__ = [
     "Usage",
     "NameUsage",
     "VerifyReport",
+    "NameRow",
+    "NameFilter",
+    "name_rows",
+    "parse_filter",
+    "select_rows",
     "plan_gc",
     "plan_limit",
     "limit",
