@@ -23,7 +23,7 @@ from .config import StoreConfig
 from .digest import Digest
 from .errors import InvalidInputError, InvalidTypeError, ReadOnlyError, StoreFormatError
 from .folders import AddResult, FolderStatus, add_folder, folder_status
-from .maintenance import GCPlan, LimitResult, Usage, VerifyReport, plan_gc, plan_limit
+from .maintenance import GCPlan, LimitResult, NameRow, Usage, VerifyReport, name_rows, plan_gc, plan_limit, select_rows
 from .maintenance import limit as limit_store
 from .maintenance import usage as store_usage
 from .maintenance import verify as verify_store
@@ -313,6 +313,20 @@ class Store:
         """Every head and pin (:class:`NameInfo`), sorted; internal records (``_fetch/...``,
         shown with their URL) only with ``include_internal=True``."""
         return list_names(self, include_internal=include_internal)
+
+    def name_rows(self, *, include_internal: bool = False, filters: Iterable[str] = (), sort: str = "name",
+                  reverse: bool = False, max_versions: int = 1000) -> List[NameRow]:
+        """Each head and pin with its versions, logical size and last change (what ``casstore ls`` shows).
+
+        ``filters``: ``"size>1GB"``, ``"time<7d"``, ``"name=exp-*"``, ``"kind=pin"``, ... (all must hold;
+        a bad one is an InvalidInputError naming the allowed forms).  ``sort``: ``name``, ``size``,
+        ``time`` or ``versions`` (largest, newest, most first; ``reverse`` flips).  History walks stop
+        after ``max_versions`` (``NameRow.versions_capped``).  See docs/manifests.md, "Listing names".
+        """
+        filters = list(filters)
+        select_rows([], filters=filters, sort=sort)  # bad filters and sorts fail before any history is read
+        rows = name_rows(self, include_internal=include_internal, max_versions=max_versions)
+        return select_rows(rows, filters=filters, sort=sort, reverse=reverse)
 
     def pins(self) -> Dict[str, Digest]:
         """Every pin: name -> frozen manifest digest (internal ones included; see :meth:`names`)."""
