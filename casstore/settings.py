@@ -4,7 +4,7 @@ Precedence, highest first:
 
 1. environment variables (``CASSTORE_DIR``, ``CASSTORE_COMPRESSION``,
    ``CASSTORE_LOCK_TIMEOUT``, ``CASSTORE_FORCE_DOWNLOAD``, ``CASSTORE_REGENERATE``,
-   ``CASSTORE_DURABLE``); an empty variable counts as unset;
+   ``CASSTORE_DURABLE``, ``CASSTORE_LOCK_MODE``, ...: one per :data:`KNOBS` row); an empty variable counts as unset;
 2. a settings file: ``$CASSTORE_CONFIG`` if set, else the nearest ``casstore.toml``
    or ``pyproject.toml`` with a ``[tool.casstore]`` table in the current
    directory or a parent, else ``$XDG_CONFIG_HOME/casstore/casstore.toml``;
@@ -55,7 +55,7 @@ from .errors import InvalidInputError, InvalidTypeError, StoreFormatError
 
 __all__ = [
     "Settings", "load_settings", "current", "KNOBS", "Knob", "Kind", "read_toml_file", "show_value", "toml_type",
-    "MAX_SETTINGS_BYTES", "MAX_LOCK_TIMEOUT",
+    "MAX_SETTINGS_BYTES", "MAX_LOCK_TIMEOUT", "LOCK_MODES",
 ]
 
 MAX_SETTINGS_BYTES = 1 << 20
@@ -413,6 +413,27 @@ _STEPS = Kind("steps", "a boolean, or an array of derive names (shell-style patt
 _URLS = Kind("urls", "a boolean, or an array of URLs or fetch record names (_fetch/...; patterns allowed)",
              "1, true, yes, on, 0, false, no, off, or URLs / fetch record names separated by commas",
              _steps_toml(True), _steps_env(True))
+LOCK_MODES = ("auto", "flock", "posix", "lease")
+"""``lock_mode`` values; ``none`` is accepted as another spelling of ``lease`` (no kernel locks)."""
+
+
+def _lock_mode_env(text: str) -> str:
+    v = text.strip().lower()
+    v = "lease" if v == "none" else v
+    if v not in LOCK_MODES:
+        raise _Refused()
+    return v
+
+
+def _lock_mode_toml(value: object) -> str:
+    if not isinstance(value, str):
+        raise _Refused()
+    return _lock_mode_env(value)
+
+
+_LOCK_MODE = Kind("lock_mode", '"auto" (probe the filesystem), "flock", "posix" (OFD fcntl locks) or "lease" '
+                  '(alias "none": exclusive-create lease files, no kernel locks)',
+                  "auto, flock, posix, lease or none", _lock_mode_toml, _lock_mode_env)
 _PATH = Kind("path", "a non-empty directory path string", "a non-empty directory path",
              _store_toml, _store_path, relative_to_file=True)
 
@@ -425,6 +446,7 @@ KNOBS: Mapping[str, Knob] = MappingProxyType({
     "durable": Knob("CASSTORE_DURABLE", None, _BOOL),
     "fetch_max_bytes": Knob("CASSTORE_FETCH_MAX_BYTES", 64 << 30, _BYTES),
     "fetch_deadline": Knob("CASSTORE_FETCH_DEADLINE", 24 * 3600.0, _SECONDS),
+    "lock_mode": Knob("CASSTORE_LOCK_MODE", "auto", _LOCK_MODE),
 })
 """knob -> :class:`Knob` (environment variable, default, :class:`Kind`): the one source of truth."""
 
@@ -446,6 +468,9 @@ class Settings:
     """Largest download ``fetch`` accepts when the server announces no size and no checksum names one."""
     fetch_deadline: float
     """Seconds a whole ``fetch`` may take (besides the per-read timeout)."""
+    lock_mode: str = "auto"
+    """How casstore locks (docs/filesystems.md): ``auto`` probes each filesystem once; ``flock``,
+    ``posix`` or ``lease`` force a choice where the probe cannot tell (locks local to each host)."""
     sources: Mapping[str, str] = field(default_factory=dict)
     file: Optional[str] = None
 

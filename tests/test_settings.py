@@ -58,13 +58,13 @@ def test_defaults(home: Path) -> None:
 def test_casstore_toml_found_from_a_subdirectory(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (home / "casstore.toml").write_text(
         'store = "/data/store"\ncompression = "zstd"\nlock_timeout = 30\nforce_download = true\n'
-        'regenerate = true\ndurable = false\nfetch_max_bytes = 1000000\nfetch_deadline = 60\n')
+        'regenerate = true\ndurable = false\nfetch_max_bytes = 1000000\nfetch_deadline = 60\nlock_mode = "none"\n')
     monkeypatch.chdir(home / "src" / "deep")
     s = load_settings()
     assert s.file == str(home / "casstore.toml")
     assert (s.store, s.compression, s.lock_timeout, s.force_download, s.regenerate, s.durable) == (
         "/data/store", "zstd", 30.0, True, True, False)
-    assert (s.fetch_max_bytes, s.fetch_deadline) == (1_000_000, 60.0)
+    assert (s.fetch_max_bytes, s.fetch_deadline, s.lock_mode) == (1_000_000, 60.0, "lease")
     assert set(s.sources.values()) == {str(home / "casstore.toml")}
 
 
@@ -236,7 +236,8 @@ def test_cli_config_prints_values_and_sources(home: Path, tmp_path: Path) -> Non
     assert doc["file"] == str(home / "casstore.toml")
     assert doc["settings"] == {"store": str(tmp_path / "cache" / "casstore"), "compression": None,
                                "lock_timeout": 30.0, "force_download": True, "regenerate": True, "durable": None,
-                               "fetch_max_bytes": 64 << 30, "fetch_deadline": 86400.0}
+                               "fetch_max_bytes": 64 << 30, "fetch_deadline": 86400.0,
+                               "lock_mode": "auto"}
     assert doc["sources"]["force_download"] == "env CASSTORE_FORCE_DOWNLOAD"
     assert doc["sources"]["lock_timeout"] == str(home / "casstore.toml")
     assert doc["sources"]["durable"] == "default"
