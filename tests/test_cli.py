@@ -150,7 +150,8 @@ def test_get_of_a_corrupt_object_fails_and_writes_no_file(tmp_path: Path) -> Non
 def test_stat_and_ls(tmp_path: Path, files: Dict[str, bytes]) -> None:
     store = str(tmp_path / "s")
     s = casstore.open(store)
-    assert _ok(cli(tmp_path, "--store", store, "ls")) == ""
+    assert _ok(cli(tmp_path, "--store", store, "ls", "--objects")) == ""
+    assert _ok(cli(tmp_path, "--store", store, "ls")) == ""  # no names yet
     d_raw = s.put(files["a.bin"])
     d_z = s.put(files["b.txt"], compress=True)
     doc = json.loads(_ok(cli(tmp_path, "--store", store, "stat", "--json", str(d_z))))
@@ -160,11 +161,11 @@ def test_stat_and_ls(tmp_path: Path, files: Dict[str, bytes]) -> None:
     fields = dict(line.split(None, 1) for line in text.splitlines())
     assert fields == {"digest": str(d_raw), "size": "5000", "stored_size": "5000", "codec": "raw"}
 
-    lines = _ok(cli(tmp_path, "--store", store, "ls")).splitlines()
+    lines = _ok(cli(tmp_path, "--store", store, "ls", "--objects")).splitlines()
     assert [ln.split() for ln in lines] == [
         [str(d), str(s.stat(d).size), s.stat(d).codec] for d in sorted([d_raw, d_z])]
-    docs = [json.loads(ln) for ln in _ok(cli(tmp_path, "--store", store, "ls", "--jsonl")).splitlines()]
-    assert json.loads(_ok(cli(tmp_path, "--store", store, "ls", "--json"))) == docs
+    docs = [json.loads(ln) for ln in _ok(cli(tmp_path, "--store", store, "ls", "--objects", "--jsonl")).splitlines()]
+    assert json.loads(_ok(cli(tmp_path, "--store", store, "ls", "--objects", "--json"))) == docs
     assert [x["digest"] for x in docs] == [str(d) for d in sorted([d_raw, d_z])]
     assert {x["codec"] for x in docs} == {"raw", "zstd"}
 
@@ -358,7 +359,7 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(tmp_path: 
     d = s.put(os.urandom(3 << 20))
     # A full disk under stdout: an OSError casstore does not type.
     _unexpected_line(_sh(tmp_path, ">/dev/full", "--store", store, "get", str(d)), "get", "OSError")
-    _unexpected_line(_sh(tmp_path, ">/dev/full", "--store", store, "ls"), "ls", "OSError")  # at the final flush
+    _unexpected_line(_sh(tmp_path, ">/dev/full", "--store", store, "ls", "--objects"), "ls", "OSError")  # final flush
     r = _sh(tmp_path, ">/dev/full", "--store", store, "--debug", "get", str(d))
     err = r.stderr.decode()
     assert r.returncode == 1 and "Traceback (most recent call last)" in err and "No space left on device" in err
@@ -375,11 +376,11 @@ def test_a_broken_store_never_prints_a_traceback(tmp_path: Path) -> None:
     (s2 / "store.toml").unlink()
     (s2 / "store.toml").symlink_to("store.toml")  # a loop
     for root in (s1, s2):
-        for args in (("ls",), ("put", "a.bin"), ("verify",), ("gc",), ("stats",)):
+        for args in (("ls", "--objects"), ("put", "a.bin"), ("verify",), ("gc",), ("stats",)):
             (tmp_path / "a.bin").write_bytes(b"a")
             err = _no_traceback(cli(tmp_path, "--store", str(root), *args), 1)
             assert err.count("\n") == 1 and err.startswith("casstore: error: "), (root, args, err)
-        r = cli(tmp_path, "--store", str(root), "--debug", "ls")
+        r = cli(tmp_path, "--store", str(root), "--debug", "ls", "--objects")
         assert r.returncode == 1 and b"Traceback (most recent call last)" in r.stderr
 
 
@@ -435,7 +436,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> Non
     s = casstore.open(store)
     s.put_many([b"object %d" % i for i in range(3000)])  # `ls` prints ~250 KB: more than a pipe holds
     big = s.put(os.urandom(8 << 20))
-    for args in (("ls",), ("ls", "--json"), ("get", str(big))):
+    for args in (("ls", "--objects"), ("ls", "--objects", "--json"), ("get", str(big))):
         p = subprocess.Popen([PYTHON, "-m", "casstore.cli", "--store", str(store), *args], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, env=_env(tmp_path), cwd=tmp_path)
         assert p.stdout is not None and p.stderr is not None
@@ -591,21 +592,23 @@ def test_ls_names_hides_internal_records_unless_all(tmp_path: Path, capsys: pyte
     with s.edit("_fetch/0123") as m:
         m["k"] = d
         m.meta.update(kind="casstore.fetch", url="https://alice:s3cret@example.org/data.tar?sig=TOKEN")
-    rc, out, _ = _main(capsys, "--store", store, "ls", "--names")
-    assert rc == 0 and [ln.split() for ln in out.splitlines()] == [
-        ["head", str(s.heads()["exp"]), "exp"], ["pin", str(s.pins()["paper"]), "paper"]]
-    rc, out, _ = _main(capsys, "--store", store, "ls", "--names", "--all")
-    assert rc == 0 and "_fetch/0123  https://example.org/data.tar\n" in out
+    rc, out, _ = _main(capsys, "--store", store, "ls", "--names")  # the default listing, flag kept for scripts
+    assert rc == 0 and [ln.split()[:2] + ln.split()[-1:] for ln in out.splitlines()] == [
+        ["exp", "head", str(s.heads()["exp"])], ["paper", "pin", str(s.pins()["paper"])]]
+    assert _main(capsys, "--store", store, "ls")[1] == out
+    rc, out, _ = _main(capsys, "--store", store, "ls", "--all")
+    assert rc == 0 and "_fetch/0123" in out and f"{s.heads()['_fetch/0123']}  https://example.org/data.tar\n" in out
     assert "s3cret" not in out and "TOKEN" not in out and "alice" not in out
     rc, out, _ = _main(capsys, "--store", store, "ls", "--names", "--all", "--json")
     doc = json.loads(out)
     assert rc == 0 and [x["name"] for x in doc] == ["_fetch/0123", "exp", "paper"]
-    assert doc[0] == {"name": "_fetch/0123", "kind": "head", "digest": str(s.heads()["_fetch/0123"]),
-                      "internal": True, "url": "https://example.org/data.tar"}
+    assert {k: doc[0][k] for k in ("name", "kind", "digest", "internal", "url")} == {
+        "name": "_fetch/0123", "kind": "head", "digest": str(s.heads()["_fetch/0123"]),
+        "internal": True, "url": "https://example.org/data.tar"}
     rc, out, _ = _main(capsys, "--store", store, "pins", "--heads")
     assert rc == 0 and "_fetch" not in out and "exp" in out
     rc, out, _ = _main(capsys, "--store", store, "pins", "--heads", "--all")
     assert rc == 0 and "_fetch/0123" in out
-    _cli_error(capsys, "InvalidInputError", "--store", store, "ls", "--all")
-    rc, out, _ = _main(capsys, "--store", store, "ls")  # plain ls still lists objects
-    assert rc == 0 and str(d) in out
+    _cli_error(capsys, "InvalidInputError", "--store", store, "ls", "--objects", "--all")
+    rc, out, _ = _main(capsys, "--store", store, "ls", "--objects")  # objects only with --objects
+    assert rc == 0 and str(d) in out and "exp" not in out

@@ -13,19 +13,20 @@ import argparse
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from .._progress import human_bytes
 from ..digest import Digest
 from ..errors import (
     AmbiguousDigestError,
+    CasstoreError,
     FrozenError,
     InvalidDigestError,
     InvalidInputError,
     NameExistsError,
     ObjectNotFoundError,
 )
-from ..manifests import MetaDiff, is_internal
+from ..manifests import Manifest, MetaDiff, is_internal
 from ..manifests.ops import same_meta
 from ..manifests.provenance import INPUTS_KEY
 from ..store import Store
@@ -298,18 +299,90 @@ def cmd_checkout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version_time(store: Store, d: Digest) -> Optional[float]:
+    """The version object's mtime: when this store wrote it (a version records no time: docs/design.md)."""
+    try:
+        return store.path(d).stat().st_mtime
+    except (CasstoreError, OSError):
+        return None
+
+
+def _capped(keys: List[str], cap: int) -> Tuple[List[str], int]:
+    """At most ``cap`` keys (0: all) and how many more there are."""
+    if cap <= 0 or len(keys) <= cap:
+        return keys, 0
+    return keys[:cap], len(keys) - cap
+
+
+def _log_doc(store: Store, m: Manifest, parent: Optional[Manifest], keys_cap: int, with_keys: bool) -> Dict[str, Any]:
+    """One version of ``casstore log``: digest, time, message and what changed from its parent."""
+    when = _version_time(store, m.digest)
+    message = m.meta.get("message")
+    doc: Dict[str, Any] = {"digest": str(m.digest), "parent": str(m.parent) if m.parent else None, "time": when,
+                           "message": message if isinstance(message, str) else None, "entries": len(m),
+                           "meta": jsonable(dict(m.meta))}
+    if m.parent is not None and parent is None:  # its parent was collected by gc (or is damaged)
+        doc["changes"] = None
+        return doc
+    if parent is None:
+        added, modified, removed, meta_keys = list(m), [], [], sorted(m.meta)
+    else:
+        df = store.diff(parent, m)
+        added, modified, removed = list(df.added), list(df.changed), list(df.removed)
+        meta_keys = sorted([*df.meta.added, *df.meta.removed, *df.meta.changed])
+    changes: Dict[str, Any] = {"added": len(added), "modified": len(modified), "removed": len(removed),
+                               "meta": meta_keys}
+    if with_keys:
+        for label, ks in (("added", added), ("modified", modified), ("removed", removed)):
+            shown, more = _capped(ks, keys_cap)
+            changes[f"{label}_keys"] = shown
+            changes[f"{label}_more"] = more
+    doc["changes"] = changes
+    return doc
+
+
+def _log_lines(doc: Mapping[str, Any]) -> List[str]:
+    when = "?" if doc["time"] is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(doc["time"]))
+    ch = doc["changes"]
+    what = "parent not in the store" if ch is None else f"+{ch['added']} ~{ch['modified']} -{ch['removed']}"
+    msg = doc["message"]
+    text = f"{doc['digest']}  {when}  {doc['entries']} entries  {what}"
+    if msg:
+        text += "  " + (msg if msg.isprintable() else repr(msg))  # stored metadata: never raw control characters
+    lines = [text]
+    if ch is None or "added_keys" not in ch:  # one line per version unless --keys
+        return lines
+    if [k for k in ch["meta"] if k != "message"]:
+        lines.append("    meta: " + ", ".join(_seg(k) for k in ch["meta"] if k != "message"))
+    for label, sign in (("added", "+"), ("modified", "~"), ("removed", "-")):
+        for k in ch.get(f"{label}_keys", ()):
+            lines.append(f"    {sign} {_seg(k)}")
+        if ch.get(f"{label}_more"):
+            lines.append(f"    {sign} ... {ch[f'{label}_more']} more")
+    return lines
+
+
 def cmd_log(args: argparse.Namespace) -> int:
-    """``casstore log TARGET``: versions, newest first."""
+    """``casstore log TARGET``: versions, newest first, with message, time and changed keys."""
     store = open_from_args(args, create=False)
+    versions = store.history(args.target, limit=None if args.limit is None else args.limit + 1)
+    shown = versions if args.limit is None else versions[:args.limit]
     docs = []
-    for m in store.history(args.target, limit=args.limit):
-        mtime = store.path(m.digest).stat().st_mtime
+    for i, m in enumerate(shown):
+        parent: Optional[Manifest] = None
+        if m.parent is not None:
+            if i + 1 < len(versions) and versions[i + 1].digest == m.parent:
+                parent = versions[i + 1]
+            else:
+                try:
+                    parent = store.manifest(m.parent)
+                except (CasstoreError, OSError):
+                    parent = None
+        doc = _log_doc(store, m, parent, args.max_keys, args.keys or args.json)
         if args.json:
-            docs.append({"digest": str(m.digest), "time": mtime, "entries": len(m),
-                         "meta": jsonable(dict(m.meta))})
-            continue
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(mtime))
-        print(f"{m.digest}  {when}  {len(m)} entries")
+            docs.append(doc)
+        else:
+            print("\n".join(_log_lines(doc)), flush=True)
     if args.json:
         print(json.dumps(docs, indent=2))
     return 0
@@ -367,10 +440,16 @@ def register(add: Add) -> None:
     sp.add_argument("--link", choices=("copy", "reflink", "hardlink", "symlink"), default="copy",
                     help="copy (reflinked where possible), reflink (clone or error), hardlink or symlink "
                          "(to the read-only object)")
-    sp = add("log", cmd_log, "versions of a manifest, newest first")
+    sp = add("log", cmd_log, "versions of a name, newest first: time, message and changed keys")
     sp.add_argument("target", help=_TARGET_HELP)
     sp.add_argument("-n", "--limit", type=count_arg, default=None, help="show at most this many versions")
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--keys", "-v", action="store_true",
+                    help="also list the keys each version added (+), modified (~) and removed (-)")
+    sp.add_argument("--max-keys", type=count_arg, default=10, metavar="N",
+                    help="with --keys or --json: at most N keys of each kind per version, then '... N more' "
+                         "(default 10; 0 lists all)")
+    sp.add_argument("--json", action="store_true", help="one JSON document: a list of versions, newest first, "
+                    "each with its changes (keys capped by --max-keys)")
     sp = add("rm", cmd_rm, "delete name NAME (a head; a pin needs --force); its versions stay until gc")
     sp.add_argument("name", help="the head (or, with --force, pin) to delete")
     sp.add_argument("--force", action="store_true", help="also remove a pin")

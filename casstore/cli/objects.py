@@ -20,7 +20,7 @@ from ..codecs import normalize_compress
 from ..digest import Digest
 from ..errors import CasstoreError, InvalidInputError, ObjectNotFoundError, ReadOnlyError, StoreFormatError
 from ..store import Store, open_store
-from .common import Add, compress_arg, open_from_args, resolve_digest
+from .common import Add, compress_arg, open_from_args, resolve_digest, workers_arg
 
 __all__ = ["register"]
 
@@ -255,25 +255,57 @@ def cmd_stat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _when(t: Optional[float]) -> str:
+    return "?" if t is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
 def _ls_names(args: argparse.Namespace) -> int:
-    """``casstore ls --names [--all]``: heads and pins; internal records (with their URL) only with --all."""
-    names = open_from_args(args, create=False).names(include_internal=args.all)
+    """``casstore ls``: heads and pins with versions, size, last change; internal records only with --all."""
+    store = open_from_args(args, create=False)
+    rows = store.name_rows(include_internal=args.all, filters=args.filter, sort=args.sort or "name",
+                           reverse=args.reverse, max_versions=args.max_versions)
     if args.json:
-        print(json.dumps([{"name": n.name, "kind": n.kind, "digest": str(n.digest), "internal": n.internal,
-                           "url": n.url} for n in names], indent=2))
+        print(json.dumps([r.to_dict() for r in rows], indent=2))
         return 0
-    for n in names:
-        url = "" if n.url is None else "  " + (n.url if n.url.isprintable() else repr(n.url))  # stored data
-        print(f"{n.kind:4}  {n.digest}  {n.name}{url}")
+    if args.jsonl:
+        for r in rows:
+            print(json.dumps(r.to_dict()))
+        return 0
+    human = _stdout_is_terminal()  # exact bytes when piped, so `| sort -n` and scripts read numbers
+    table = []
+    for r in rows:
+        versions = f"{r.versions}+" if r.versions_capped else str(r.versions)
+        size = "?" if r.problem else (human_bytes(r.size) if human else str(r.size))
+        name = r.name if r.name.isprintable() else repr(r.name)  # names come from disk: never raw control chars
+        extra = ""
+        if r.url is not None:
+            extra = "  " + (r.url if r.url.isprintable() else repr(r.url))
+        if r.problem:
+            extra += f"  ({r.problem})"
+        table.append((name, r.kind, versions, size, _when(r.time), r.digest.short() if human else str(r.digest),
+                      extra))
+    if human and not table:
+        print("no names (heads or pins) yet; `casstore add NAME DIR` saves a folder, `casstore ls --objects` "
+              "lists objects", file=sys.stderr)
+        return 0
+    width = max([len(t[0]) for t in table] + [4])
+    if human:
+        print(f"{'NAME':{width}}  KIND  {'VERSIONS':>8}  {'SIZE':>10}  {'LAST CHANGE':16}  DIGEST")
+    for name, kind, versions, size, when, digest, extra in table:
+        print(f"{name:{width}}  {kind:4}  {versions:>8}  {size:>10}  {when:16}  {digest}{extra}")
     return 0
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    """``casstore ls``: every object, one line (or one JSON document) each; ``--names``: heads and pins."""
-    if args.names:
+    """``casstore ls``: heads and pins (``--objects``: every object, one line or JSON document each)."""
+    if not args.objects:
         return _ls_names(args)
-    if args.all:
-        raise InvalidInputError("--all lists internal names (_fetch/...): use it with --names")
+    if args.names:
+        raise InvalidInputError("--names and --objects: choose one (names are the default)")
+    for flag, given in (("--all", args.all), ("--sort", args.sort is not None), ("--reverse", args.reverse),
+                        ("--filter", bool(args.filter))):
+        if given:
+            raise InvalidInputError(f"{flag} applies to the name listing; drop --objects to list names")
     store = open_from_args(args, create=False)
     docs = []
     for info in store.iter_info():
@@ -364,6 +396,8 @@ def _demo(store: Store, as_json: bool, *, temporary: bool) -> int:
 
 def register(add: Add) -> None:
     """Add the object subcommands to the ``casstore`` parser."""
+    from ..maintenance.listing import FILTER_HELP, SORT_KEYS  # help text of `ls` (cli/__init__.py: feature imports)
+
     sp = add("init", cmd_init, "create a store in DIR (an existing store is left as it is)")
     sp.add_argument("dir", help="the store directory (created with its parents)")
     sp.add_argument("--compress", default=None, type=compress_arg,
@@ -387,12 +421,21 @@ def register(add: Add) -> None:
     sp = add("stat", cmd_stat, "show an object's size, stored size and codec")
     sp.add_argument("digest", help="digest or unique prefix")
     sp.add_argument("--json", action="store_true")
-    sp = add("ls", cmd_ls, "list objects (or heads and pins with --names)")
+    sp = add("ls", cmd_ls, "list heads and pins: versions, size, last change (or objects with --objects)")
     fmt = sp.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help="one JSON document: a list of objects (or of names)")
-    fmt.add_argument("--jsonl", action="store_true", help="JSON Lines: one JSON document per object, streamed")
-    sp.add_argument("--names", action="store_true", help="list heads and pins instead of objects")
-    sp.add_argument("--all", action="store_true", help="with --names: also internal records (_fetch/... with URL)")
+    fmt.add_argument("--json", action="store_true", help="one JSON document: a list of names (or objects), "
+                     "sizes in exact bytes, time in seconds since the epoch")
+    fmt.add_argument("--jsonl", action="store_true", help="JSON Lines: one JSON document per name (or object)")
+    sp.add_argument("--objects", action="store_true", help="list every object (digest, size, codec) instead of names")
+    sp.add_argument("--names", action="store_true", help="list heads and pins (the default; kept for scripts)")
+    sp.add_argument("--all", action="store_true", help="also internal records (_fetch/..., with their URL)")
+    sp.add_argument("--sort", choices=SORT_KEYS, default=None,
+                    help="name (A-Z, the default), size (largest first), time (newest first), versions (most first)")
+    sp.add_argument("--reverse", "-r", action="store_true", help="reverse the sort order")
+    sp.add_argument("--filter", "-f", action="append", default=[], metavar="EXPR",
+                    help=f"only names matching EXPR; repeat to AND several. {FILTER_HELP}")
+    sp.add_argument("--max-versions", type=workers_arg, default=1000, metavar="N",
+                    help="stop counting a name's history after N versions, shown as N+ (default 1000)")
     sp = add("demo", cmd_demo, "a guided tour: put, dedupe, get, verify and a manifest, each step explained "
                                "(in a temporary store unless --store is given)")
     sp.add_argument("--json", action="store_true")
