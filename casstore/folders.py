@@ -49,10 +49,12 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, 
 
 import msgpack
 
+from ._faults import fault
 from ._fs import write_file_atomic
-from ._layout import TMP
+from ._layout import TMP, object_path
 from ._paths import key_problem
 from ._progress import Progress
+from .codecs import RAW
 from .digest import Digest, hash_bytes, hash_fd
 from .errors import (
     FileChangedError,
@@ -63,6 +65,7 @@ from .errors import (
     ManifestNotFoundError,
 )
 from .manifests import Manifest
+from .objects import StagedObject
 
 if TYPE_CHECKING:
     from .store import Store
@@ -77,6 +80,10 @@ ATTEMPTS = 3
 """Copies of a changing file before :class:`FileChangedError`."""
 CACHE_DIR = "cache/stat"
 """Where stat caches live under the store root."""
+BATCH_OBJECTS = 512
+"""New objects published per filesystem sync by ``add`` (each waits with an open staging file)."""
+BATCH_BYTES = 256 << 20
+"""Staged bytes per filesystem sync by ``add`` (bounds the tmp space and dirty page cache in flight)."""
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -367,8 +374,9 @@ def _racy(st: StatKey) -> bool:
     return st[3] >= time.time_ns() - int(RACY_SECONDS * 1e9) or st[4] >= time.time_ns() - int(RACY_SECONDS * 1e9)
 
 
-def _read_one(store: Store, root_fd: int, key: str, keep: bool) -> Tuple[Digest, StatKey, int]:
-    """Store (``keep``) or just hash one file; retried while it changes under us."""
+def _read_one(store: Store, root_fd: int, key: str, keep: bool
+              ) -> Tuple[Digest, StatKey, int, Optional[StagedObject]]:
+    """Stage (``keep``: not yet published) or just hash one file; retried while it changes under us."""
     try:
         fd = _open_file(root_fd, key)
     except OSError as e:
@@ -380,19 +388,27 @@ def _read_one(store: Store, root_fd: int, key: str, keep: bool) -> Tuple[Digest,
             before = os.fstat(fd)
             if not stat_mod.S_ISREG(before.st_mode):  # a FIFO swapped in since the walk (O_NONBLOCK: no hang)
                 raise FileNotFoundError(errno.ENOENT, f"{key} is no longer a regular file")
+            staged: Optional[StagedObject] = None
             try:
                 if keep:
-                    # /proc/self/fd reopens this very inode, so put_path keeps its in-kernel copy and
-                    # hashes the staged copy; no path lookup can land on a swapped-in symlink.
-                    d = store.objects.put_path(f"/proc/self/fd/{fd}")
+                    # The staged copy is what is hashed (stage_fd), so the digest names exactly the bytes a
+                    # publish makes visible; publishing waits for the batch (one syncfs per batch).
+                    staged = store.objects.stage_fd(fd, before.st_size)
+                    d = staged.digest
                 else:
                     d = hash_fd(fd, before.st_size)
                 after = os.fstat(fd)
                 st = _stat_key(after)
                 if st == _stat_key(before) and (not keep or not _racy(st) or hash_fd(fd, st[2]) == d):
-                    return d, st, st[2]
+                    return d, st, st[2], staged
             except IntegrityError:  # shrank while hashed
                 pass
+            except BaseException:
+                if staged is not None:
+                    staged.staging.abort()
+                raise
+            if staged is not None:  # changed while copied: throw the copy away and read again
+                staged.staging.abort()
             time.sleep(0.01 * (attempt + 1))
         raise FileChangedError(
             f"{key!r} changed every time it was read ({ATTEMPTS} attempts); stop the writer or exclude it "
@@ -406,10 +422,68 @@ def _workers() -> int:
     return max(2, min(4, os.cpu_count() or 2))
 
 
+class _Batcher:
+    """Staged objects published in batches: one ``syncfs`` before and one after each (``publish_batch``).
+
+    Hazard: two fsyncs per object made a first add of 2,000 small files take
+    6.4 s here.  A batch is bounded in objects (each holds an open staging fd)
+    and bytes (staged data waits in ``tmp/`` and the page cache until the
+    batch's sync).  An object already in the store, or twice in one batch, is
+    not published again (its staged copy is dropped; ``touch`` refreshes the
+    existing one for gc's grace period).  Every object is published and
+    durable before :meth:`flush` returns; the caller commits the manifest
+    only after the last flush, so no version ever names an object that a
+    crash could lose, and a crash before it leaves only whole objects (and
+    staging files in ``tmp/`` that the sweep removes).
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.objects = store.objects
+        self.root = store.root
+        self.record = store.objects.hash_record()  # what was hashed here vouches for link-mode checkouts
+        self.items: List[StagedObject] = []
+        self.digests: Set[Digest] = set()
+        self.bytes = 0
+
+    def add(self, staged: StagedObject, size: int) -> None:
+        if staged.digest in self.digests or self.objects.touch(staged.digest):
+            staged.staging.abort()
+            return
+        self.items.append(staged)
+        self.digests.add(staged.digest)
+        self.bytes += size
+        if len(self.items) >= BATCH_OBJECTS or self.bytes >= BATCH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        items, self.items = self.items, []
+        self.digests.clear()
+        self.bytes = 0
+        if items:
+            fault("folders.before_batch")
+            self.objects.publish_batch(items)  # removes every staging file, published or not
+            for it in items:
+                if it.codec is RAW:
+                    try:
+                        self.record.note(it.digest, os.stat(object_path(self.root, it.digest, RAW),
+                                                            follow_symlinks=False))
+                    except OSError:  # collected or moved meanwhile: simply not vouched for
+                        pass
+
+    def abort(self) -> None:
+        for it in self.items:
+            it.staging.abort()
+        self.items = []
+
+
 def _digests(store: Store, root_fd: int, files: Sequence[_File], cache: _StatCache, *, keep: bool,
              progress: Optional[bool], desc: str, need: Optional[Mapping[str, int]] = None
              ) -> Tuple[Dict[str, Digest], int, int]:
-    """key -> digest for ``files``: from the cache on an exact stat match, else read (on a pool)."""
+    """key -> digest for ``files``: from the cache on an exact stat match, else read (on a pool).
+
+    ``keep``: new objects are staged by the pool and published by this thread in batches
+    (:class:`_Batcher`); every one is published and durable when this returns.
+    """
     out: Dict[str, Digest] = {}
     todo: List[_File] = []
     for f in files:
@@ -425,17 +499,30 @@ def _digests(store: Store, root_fd: int, files: Sequence[_File], cache: _StatCac
     total = sum(f.st[2] for f in todo)
     if not todo:
         return out, 0, 0
+    batch = _Batcher(store) if keep else None
+    # A bounded window of submitted files: staged objects waiting for this thread (while it syncs a
+    # batch) each hold an open fd and tmp space, so they must not pile up without limit.
+    window = 8 * _workers()
     with Progress(total, desc=desc, enabled=progress) as bar, ThreadPoolExecutor(
             _workers(), thread_name_prefix="casstore-add") as pool:
-        pending: Dict[Future[Tuple[Digest, StatKey, int]], _File] = {
-            pool.submit(_read_one, store, root_fd, f.key, keep): f for f in todo}
+        queue = iter(todo)
+        pending: Dict[Future[Tuple[Digest, StatKey, int, Optional[StagedObject]]], _File] = {}
+
+        def refill() -> None:
+            while len(pending) < window:
+                f = next(queue, None)
+                if f is None:
+                    return
+                pending[pool.submit(_read_one, store, root_fd, f.key, keep)] = f
+
         try:
+            refill()
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in done:
                     f = pending.pop(fut)
                     try:
-                        d, st, n = fut.result()
+                        d, st, n, staged = fut.result()
                     except FileNotFoundError:
                         # removed or replaced (by a symlink, a FIFO) since the walk: not in the snapshot
                         log.warning("skipped %s: removed or replaced while the folder was read", f.key)
@@ -443,9 +530,27 @@ def _digests(store: Store, root_fd: int, files: Sequence[_File], cache: _StatCac
                     out[f.key] = d
                     cache.put(f.key, st, d)
                     bar.update(n)
+                    if staged is not None:
+                        assert batch is not None
+                        batch.add(staged, n)
+                refill()
+            if batch is not None:
+                batch.flush()
         finally:
             for fut in pending:
                 fut.cancel()
+            # Staged copies of files still being read when we stopped: never published, always removed.
+            for fut in pending:
+                if not fut.cancelled():
+                    try:
+                        staged = fut.result()[3]
+                    except BaseException:  # noqa: BLE001 - already failing: only cleaning up here
+                        continue
+                    if staged is not None:
+                        staged.staging.abort()
+            if batch is not None:
+                batch.abort()
+                batch.record.save()
     return out, len(todo), total
 
 
@@ -485,6 +590,7 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
         digests, hashed, nbytes = _digests(store, root_fd, files, cache, keep=True, progress=progress, desc="add")
     finally:
         os.close(root_fd)
+    fault("folders.before_commit")  # every new object is published and durable by now
     with store.edit(name) as m:
         base = m.base
         old = base.entries if base is not None else {}

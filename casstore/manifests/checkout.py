@@ -54,6 +54,7 @@ import msgpack
 from .._faults import fault
 from .._fs import copy_exact, write_file_atomic
 from .._layout import TMP
+from .._progress import Progress
 from ..digest import Digest, hash_bytes, hash_fd
 from ..errors import (
     CasstoreError,
@@ -64,6 +65,7 @@ from ..errors import (
     ObjectNotFoundError,
     ReadOnlyError,
 )
+from ..objects import HashRecord
 from ..objects.reader import open_object_file
 from .model import Entry
 from .ops import Manifest, Target, read_manifest, resolve_target
@@ -250,13 +252,21 @@ def _fill(store: Store, e: Entry, fd: int, dest: Path, *, strict_reflink: bool) 
             shutil.copyfileobj(fi, fo, _CHUNK)  # the reader raises IntegrityError before the last chunk
 
 
-def _link_object(store: Store, e: Entry, pfd: int, tmp: str, dest: Path, link: str) -> None:
-    """Make ``tmp`` (in ``pfd``) a hard or symbolic link to the entry's raw object, verified first."""
+def _link_object(store: Store, e: Entry, pfd: int, tmp: str, dest: Path, link: str,
+                 trust: Optional[HashRecord]) -> None:
+    """Make ``tmp`` (in ``pfd``) a hard or symbolic link to the entry's raw object, verified first.
+
+    ``trust``: skip the hash when casstore hashed this very file (exact stat, ctime included)
+    within ``TRUST_SECONDS`` (:class:`~casstore.objects.HashRecord`); ``None``: always hash.
+    """
     objects = store.objects
     path = str(objects.raw_path(e.digest))  # a compressed object is materialized raw once (verified)
     src, st = open_object_file(path, e.digest)
     try:
-        objects.verify_fd(e.digest, src, st, path)  # never link to corrupt bytes
+        if trust is None or not trust.trusted(e.digest, st):
+            objects.verify_fd(e.digest, src, st, path)  # never link to corrupt bytes
+            if trust is not None:
+                trust.note(e.digest, st)
         if link == "symlink":
             os.symlink(path, tmp, dir_fd=pfd)
             return
@@ -272,6 +282,8 @@ def _link_object(store: Store, e: Entry, pfd: int, tmp: str, dest: Path, link: s
         got = os.stat(tmp, dir_fd=pfd, follow_symlinks=False)
         if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino):  # the object path was swapped after verifying
             raise IntegrityError(f"object file {path} of {e.digest} changed while being linked; not checked out")
+        if trust is not None:
+            trust.carry(e.digest, st, os.fstat(src))  # link() moved the inode's ctime: our own change
     finally:
         os.close(src)
 
@@ -373,7 +385,8 @@ def _open_parent(root_fd: int, parts: Sequence[str]) -> Optional[int]:
 
 
 def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]], *,
-             overwrite: bool = False, sync: bool = False, link: str = "copy", force: bool = False) -> List[Path]:
+             overwrite: bool = False, sync: bool = False, link: str = "copy", force: bool = False,
+             progress: Optional[bool] = None, rehash: bool = False) -> List[Path]:
     """Materialize a manifest's files under ``outdir``; return the paths written.
 
     Files already holding the right bytes are left alone (and not returned).
@@ -392,12 +405,20 @@ def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]],
     into this folder wrote that this version lacks, and updates the ones it
     changes -- never a file casstore did not write, and never one modified
     since (its stat differs) unless ``force=True``.
+
+    Every object is verified before it is used: a copy is re-hashed after it
+    is written; a hard or symbolic link is made only to an object file that
+    is hashed now, or that casstore hashed within ``TRUST_SECONDS`` and whose
+    stat (device, inode, size, mtime_ns, ctime_ns) is unchanged since
+    (:class:`~casstore.objects.HashRecord`); ``rehash=True`` hashes every
+    linked object regardless.  ``progress``: a bar by bytes on stderr
+    (``None``: only when it is a terminal).
     """
     if not isinstance(outdir, (str, os.PathLike)):
         raise InvalidTypeError(f"checkout() needs a directory path, not {type(outdir).__name__}")
     if link not in LINK_MODES:
         raise InvalidInputError(f"link={link!r:.50} is not one of {', '.join(LINK_MODES)}")
-    for flag, what in ((overwrite, "overwrite"), (sync, "sync"), (force, "force")):
+    for flag, what in ((overwrite, "overwrite"), (sync, "sync"), (force, "force"), (rehash, "rehash")):
         if not isinstance(flag, bool):
             raise InvalidTypeError(f"checkout({what}=...) needs True or False, not {type(flag).__name__}")
     if force and not sync:
@@ -419,13 +440,14 @@ def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]],
         log.warning("checkout record %s for %s is %s; treated as empty (sync removes nothing this time)",
                     rec.path, out, rec.damaged)
     try:
-        return _checkout(store, man, out, rec, overwrite=overwrite, sync=sync, link=link, force=force)
+        return _checkout(store, man, out, rec, overwrite=overwrite, sync=sync, link=link, force=force,
+                         progress=progress, rehash=rehash)
     except PermissionError as err:
         raise ReadOnlyError(f"cannot check out into {out}: {err.strerror} ({err.filename})") from None
 
 
 def _checkout(store: Store, man: Manifest, out: Path, rec: _Record, *, overwrite: bool, sync: bool, link: str,
-              force: bool) -> List[Path]:
+              force: bool, progress: Optional[bool], rehash: bool) -> List[Path]:
     todo: List[Tuple[str, Entry, bool]] = []  # (key, entry, expected to exist: a replacement)
     kept: Dict[str, Tuple[Digest, StatKey]] = {}  # recorded files already in place (left alone)
     root_fd = _open_target(out, create=False)
@@ -463,7 +485,8 @@ def _checkout(store: Store, man: Manifest, out: Path, rec: _Record, *, overwrite
     ok = False
     try:
         if todo:
-            _write_all(store, out, todo, written, new_files, created, overwrite=overwrite, link=link)
+            _write_all(store, out, todo, written, new_files, created, overwrite=overwrite, link=link,
+                       progress=progress, rehash=rehash)
         ok = True
     finally:
         # Record what was written even after a failure midway: those files are casstore's to sync later.
@@ -480,10 +503,12 @@ def _checkout(store: Store, man: Manifest, out: Path, rec: _Record, *, overwrite
 
 def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]], written: List[Path],
                new_files: Dict[str, Tuple[Digest, StatKey]], created: List[str], *, overwrite: bool,
-               link: str) -> None:
+               link: str, progress: Optional[bool], rehash: bool) -> None:
     root_fd = _open_target(out, create=True)
     assert root_fd is not None
     walker = _Walker(root_fd, out, overwrite=overwrite, create=True)
+    trust = store.objects.hash_record() if link in ("hardlink", "symlink") and not rehash else None
+    bar = Progress(sum(e.size or 0 for _, e, _ in todo), desc="checkout", enabled=progress)
     key = ""
     try:
         for key, e, present in todo:
@@ -491,8 +516,9 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
             pfd = walker.parent(parts[:-1])
             assert pfd is not None
             new_files[key] = (e.digest, _write_one(store, pfd, parts[-1], out / key, e,
-                                                   replace=present or overwrite, link=link))
+                                                   replace=present or overwrite, link=link, trust=trust))
             written.append(out / key)
+            bar.update(e.size or 0)
     except (CasstoreError, OSError) as err:
         done = (f"checkout into {out} stopped at {key!r} after writing {len(written)} of {len(todo)} file(s) "
                 f"(each written file is whole and verified; nothing half-written is left; sync removed nothing)")
@@ -503,6 +529,9 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
             err.args = (f"{err}. {done}",)
         raise
     finally:
+        bar.close()
+        if trust is not None:
+            trust.save()
         created.extend(walker.created)
         walker.close()
         os.close(root_fd)
@@ -618,12 +647,13 @@ def _check_leaf(store: Store, pfd: int, leaf: str, dest: Path, e: Entry, overwri
     return True
 
 
-def _write_one(store: Store, pfd: int, leaf: str, dest: Path, e: Entry, *, replace: bool, link: str) -> StatKey:
+def _write_one(store: Store, pfd: int, leaf: str, dest: Path, e: Entry, *, replace: bool, link: str,
+               trust: Optional[HashRecord]) -> StatKey:
     """Write one key (temp name, verify, rename); return its (dev, ino, size, mtime_ns) for the record."""
     tmp = f".casstore-{os.getpid()}-{os.urandom(6).hex()}.part"  # not from leaf: a segment may be 255 bytes
     try:
         if link in ("hardlink", "symlink"):
-            _link_object(store, e, pfd, tmp, dest, link)
+            _link_object(store, e, pfd, tmp, dest, link, trust)
         else:
             fd = os.open(tmp, _CREATE, 0o666, dir_fd=pfd)
             try:

@@ -8,8 +8,8 @@ store (needs the ``s3`` extra, so it is imported from its module).
 from __future__ import annotations
 
 from .base import Buffer, ObjectInfo, ObjectStore
-from .local import LocalObjects, Located, ObjFile, StagedObject
+from .local import HashRecord, LocalObjects, Located, ObjFile, StagedObject
 from .reader import ObjectReader
 
 __all__ = ["ObjectStore", "ObjectInfo", "Buffer", "LocalObjects", "Located", "ObjFile", "StagedObject",
-           "ObjectReader"]
+           "ObjectReader", "HashRecord"]

@@ -28,6 +28,7 @@ import os
 import re
 import stat as stat_mod
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import (
@@ -45,6 +46,8 @@ from typing import (
     TypeVar,
     Union,
 )
+
+import msgpack
 
 from .._faults import fault
 from .._fs import (
@@ -76,7 +79,8 @@ from ..errors import (
 from .base import Buffer, ObjectInfo, ObjectStore
 from .reader import ObjectReader, open_object_file
 
-__all__ = ["LocalObjects", "Located", "ObjFile", "StagedObject", "as_buffer", "CHUNK"]
+__all__ = ["LocalObjects", "Located", "ObjFile", "StagedObject", "HashRecord", "as_buffer", "CHUNK",
+           "TRUST_SECONDS", "HASHED_DIR"]
 
 CHUNK = 1 << 20  # streaming chunk: bounded memory, large enough for fast hashing
 _READ_BUFFER = 256 << 10  # BufferedReader size for open(): see LocalObjects.open
@@ -93,6 +97,8 @@ _PUT_POOL_MIN = 4 << 20
 # as it is written (durable put_array of 64 MiB: 93 -> 61 ms here, 4 MiB: 9.1 -> 7.3 ms).
 _WRITEBACK_STEP = 8 << 20
 _BATCH = 512  # put_many: objects staged per filesystem sync
+# stage_fd: below this a source file is read into memory once (hash and write the same buffer).
+_STAGE_READ_MAX = 1 << 20
 _MODE = 0o444  # objects are read-only for everyone
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # An object file name under a fan-out directory: 62 hex digits and a codec suffix.
@@ -189,6 +195,105 @@ class ObjFile(NamedTuple):
     def digest(self) -> Digest:
         """The object's digest."""
         return Digest(self.hex)
+
+
+HASHED_DIR = "cache/hashed"
+"""Per-user records of object files casstore hashed (:class:`HashRecord`), under the store root."""
+TRUST_SECONDS = 3600.0
+"""How long a :class:`HashRecord` entry vouches for an unchanged object file (link-mode checkouts)."""
+_HASHED_VERSION = 1
+_HASHED_MAX = 200_000  # newest entries kept: a record of a million-file add stays a few MB
+_HASHED_MAX_BYTES = 64 << 20
+
+
+class HashRecord:
+    """Object files this user's casstore hashed, and when: ``hex -> (dev, ino, size, mtime_ns, ctime_ns, at_ns)``.
+
+    Why: a hard- or symlink checkout must never link corrupt bytes, but
+    re-hashing every object it links costs as much as copying (the link itself
+    is metadata only).  An object file whose exact stat (ctime included: a
+    writer can put mtime back with ``utime``, never ctime) is unchanged since
+    casstore hashed it within :data:`TRUST_SECONDS` is vouched for; any other
+    is hashed again.  Entries come from ``add`` (the staged copy it hashed and
+    then published) and from checkouts that hashed or linked the file (a link
+    changes only the inode's ctime; the entry is carried over when nothing else
+    changed).
+
+    The file ``<root>/cache/hashed/<uid>.msgpack`` is hostile input: read
+    tolerantly (anything odd is no entry), and only if this user owns it -- in
+    a shared store another member could otherwise vouch for an object file they
+    replaced.  Saved by temp file + rename, merged with what is on disk (newest
+    entry per object wins; a lost entry only costs a re-hash).
+    """
+
+    def __init__(self, root: Path, tmp: Path) -> None:
+        self.path = root / HASHED_DIR / f"{os.geteuid()}.msgpack"
+        self.tmp = tmp
+        self.entries: Dict[str, Tuple[int, int, int, int, int, int]] = {}
+        self._dirty = False
+        self.entries = self._read()
+
+    def _read(self) -> Dict[str, Tuple[int, int, int, int, int, int]]:
+        out: Dict[str, Tuple[int, int, int, int, int, int]] = {}
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return out
+        try:
+            st = os.fstat(fd)
+            if not stat_mod.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > _HASHED_MAX_BYTES:
+                return out  # not ours (a shared store's other member), or not a record at all
+            with open(fd, "rb", closefd=False) as f:
+                doc = msgpack.unpackb(f.read(_HASHED_MAX_BYTES + 1), raw=False, strict_map_key=True)
+        except Exception:  # noqa: BLE001 - a damaged record is no record: everything is hashed again
+            return out
+        finally:
+            os.close(fd)
+        ents = doc.get("e") if isinstance(doc, dict) and doc.get("v") == _HASHED_VERSION else None
+        if not isinstance(ents, dict):
+            return out
+        for k, v in ents.items():
+            if (isinstance(k, str) and len(k) == 64 and isinstance(v, list) and len(v) == 6
+                    and all(type(x) is int for x in v)):
+                out[k] = (v[0], v[1], v[2], v[3], v[4], v[5])
+        return out
+
+    def trusted(self, d: Digest, st: os.stat_result, *, max_age: float = TRUST_SECONDS) -> bool:
+        """Did casstore hash this very file (same dev, inode, size, mtime_ns, ctime_ns) within ``max_age``?"""
+        e = self.entries.get(d.hex)
+        return (e is not None and e[:5] == _memo_key(st)
+                and time.time_ns() - e[5] <= int(max_age * 1e9))
+
+    def note(self, d: Digest, st: os.stat_result, at_ns: Optional[int] = None) -> None:
+        """Record that the object file with stat ``st`` hashed to ``d`` at ``at_ns`` (default: now)."""
+        self.entries[d.hex] = (*_memo_key(st), time.time_ns() if at_ns is None else at_ns)
+        self._dirty = True
+
+    def carry(self, d: Digest, before: os.stat_result, after: os.stat_result) -> None:
+        """Our own link changed the file's ctime: keep its entry if nothing but ctime changed."""
+        e = self.entries.get(d.hex)
+        if e is not None and e[:5] == _memo_key(before) and _memo_key(after)[:4] == e[:4]:
+            self.note(d, after, e[5])
+
+    def save(self) -> None:
+        """Merge with the record on disk and write it (not durably: it is a cache); errors are ignored."""
+        if not self._dirty:
+            return
+        merged = self._read()
+        for k, v in self.entries.items():
+            if k not in merged or merged[k][5] <= v[5]:
+                merged[k] = v
+        cutoff = time.time_ns() - int(TRUST_SECONDS * 1e9)
+        keep = sorted(((k, v) for k, v in merged.items() if v[5] >= cutoff), key=lambda kv: -kv[1][5])
+        doc = {"v": _HASHED_VERSION, "e": {k: list(v) for k, v in keep[:_HASHED_MAX]}}
+        try:
+            makedirs(self.path.parent)
+            with Staging(self.tmp, "hashed") as st:
+                st.write(msgpack.packb(doc, use_bin_type=True))
+                st.commit(self.path, durable=False, mode=0o600)
+            self._dirty = False
+        except OSError:  # a read-only store still checks out; it just hashes again next time
+            pass
 
 
 class LocalObjects(ObjectStore):
@@ -598,28 +703,86 @@ class LocalObjects(ObjectStore):
 
     def _put_stream_compressed(self, stream: IO[bytes], level: int, *, first: bytes = b"",
                                size_hint: int = -1) -> Digest:
-        h = new_hasher(threaded=True)
-        total = 0
         with self.stage() as st:
-            with io.FileIO(st.fd, "wb", closefd=False) as raw:
-                writer = ZSTD.compressor(level).stream_writer(raw, size=size_hint, closefd=False)
-                chunk: Buffer = first or stream.read(CHUNK)
-                while chunk:
-                    h.update(chunk)
-                    writer.write(chunk)
-                    total += len(chunk)
-                    chunk = stream.read(CHUNK)
-                if size_hint >= 0 and total != size_hint:
-                    # The frame header promised size_hint bytes; a file that changed
-                    # size while read would make a frame that lies: the caller starts over.
-                    raise _SizeLied()
-                writer.flush(ZSTD.FLUSH_FRAME)
-                raw.write(ZSTD.trailer(total))
-            d = Digest(h.hexdigest())
+            d = self._compress_into(st, stream, level, first=first, size_hint=size_hint)
             if self.touch(d):
                 return d
             self.publish(st, d, ZSTD)
             return d
+
+    @staticmethod
+    def _compress_into(st: Staging, stream: IO[bytes], level: int, *, first: bytes = b"",
+                       size_hint: int = -1) -> Digest:
+        """zstd-compress ``stream`` into ``st`` (one frame and the size trailer); the digest of what was read."""
+        h = new_hasher(threaded=True)
+        total = 0
+        with io.FileIO(st.fd, "wb", closefd=False) as raw:
+            writer = ZSTD.compressor(level).stream_writer(raw, size=size_hint, closefd=False)
+            chunk: Buffer = first or stream.read(CHUNK)
+            while chunk:
+                h.update(chunk)
+                writer.write(chunk)
+                total += len(chunk)
+                chunk = stream.read(CHUNK)
+            if size_hint >= 0 and total != size_hint:
+                # The frame header promised size_hint bytes; a file that changed
+                # size while read would make a frame that lies: the caller starts over.
+                raise _SizeLied()
+            writer.flush(ZSTD.FLUSH_FRAME)
+            raw.write(ZSTD.trailer(total))
+        return Digest(h.hexdigest())
+
+    @_no_space
+    def stage_fd(self, src: int, size: int, *, compress: CompressArg = None) -> StagedObject:
+        """Stage the first ``size`` bytes of the open regular file ``src`` as an object, NOT yet published.
+
+        For batched durable puts (``store.add`` of a folder): the caller
+        collects staged objects and publishes them with :meth:`publish_batch`
+        (one ``syncfs`` before and after the whole batch instead of two fsyncs
+        per object), or aborts them.  What is hashed is what is staged: a raw
+        object's *staged copy* is hashed (a file under 1 MiB is read once into
+        memory, hashed and written from that buffer), a compressed one hashes
+        the bytes fed to zstd -- so the digest names exactly the bytes a
+        publish makes visible, even if ``src`` changes meanwhile (the caller
+        compares its stat before and after to know whether it did).  Nothing is
+        fsynced here; a durable store starts the staged file's writeback so the
+        batch's ``syncfs`` waits for less.  A file holding fewer than ``size``
+        bytes raises :class:`IntegrityError` (it changed: the caller retries).
+        No dedupe check: the caller decides (:meth:`touch`) before publishing.
+        """
+        level = self.level_for(compress)
+        st = self.stage()
+        try:
+            if level is not None and size > 0 and file_sample_pays(src, size):
+                os.lseek(src, 0, os.SEEK_SET)
+                try:
+                    with io.FileIO(src, "rb", closefd=False) as f:
+                        d = self._compress_into(st, f, level, size_hint=size)
+                except _SizeLied:
+                    raise IntegrityError(f"file changed size while being stored (expected {size} bytes)") from None
+                return StagedObject(st, d, ZSTD)
+            if size < _STAGE_READ_MAX:
+                # One read of the source, then hash and write that same buffer: half the page-cache
+                # passes of copy-then-hash-the-copy for the many small files of a folder.
+                buf = os.pread(src, size + 1, 0)
+                while len(buf) < size:
+                    more = os.pread(src, size + 1 - len(buf), len(buf))
+                    if not more:
+                        break
+                    buf += more
+                if len(buf) != size:
+                    raise IntegrityError(f"file changed size while being stored ({len(buf)} of {size} bytes)")
+                d = hash_bytes(buf)
+                st.write(buf)
+            else:
+                copy_exact(src, st.fd, size)
+                d = hash_fd(st.fd, size)
+            if self.durable and size:
+                st.start_writeback(0, size)
+            return StagedObject(st, d, RAW)
+        except BaseException:
+            st.abort()
+            raise
 
     @_no_space
     def adopt(self, path: Union[str, os.PathLike[str]], *, link: bool = False,
@@ -789,6 +952,10 @@ class LocalObjects(ObjectStore):
                     st.write(chunk)
             self.publish(st, digest, RAW)
         return object_path(self.root, digest, RAW)
+
+    def hash_record(self) -> HashRecord:
+        """This user's record of object files casstore hashed recently (see :class:`HashRecord`)."""
+        return HashRecord(self.root, self.tmp)
 
     def verify_file(self, digest: Digest) -> None:
         """Hash the object's file now (IntegrityError if it does not match its name).
