@@ -342,15 +342,19 @@ class Store:
         return diff_versions(self, a, b)
 
     def checkout(self, target: DigestLike, outdir: PathLike, *, overwrite: bool = False, sync: bool = False,
-                 link: str = "copy", force: bool = False) -> List[Path]:
+                 link: str = "copy", force: bool = False, progress: Optional[bool] = None,
+                 rehash: bool = False) -> List[Path]:
         """Write a manifest's files under ``outdir`` (verified; reflinked where possible); return those written.
 
         ``link``: ``"copy"`` | ``"reflink"`` | ``"hardlink"`` | ``"symlink"``.  ``sync=True`` also removes
         the files the previous checkout of this name into ``outdir`` wrote that this version lacks (never
-        a file casstore did not write; never one changed since, unless ``force=True``).  See
-        docs/manifests.md, "Checkout: sync and link modes".
+        a file casstore did not write; never one changed since, unless ``force=True``).  Links are made
+        to objects hashed now or, unchanged since, by casstore within the last hour; ``rehash=True``
+        hashes every one.  ``progress``: a bar on stderr (``None``: on a terminal).  See
+        docs/manifests.md, "Checkout: sync and link modes", and docs/folders.md.
         """
-        return checkout_version(self, target, outdir, overwrite=overwrite, sync=sync, link=link, force=force)
+        return checkout_version(self, target, outdir, overwrite=overwrite, sync=sync, link=link, force=force,
+                                progress=progress, rehash=rehash)
 
     # -- folders as snapshots (casstore.folders) ------------------------------------
 
