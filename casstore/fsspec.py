@@ -182,7 +182,9 @@ class CasstoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec sh
     ``None`` for the default store (``casstore.open()``).  ``verify``:
     ``"read"`` (full sequential reads and whole-file ``cat`` verified; seeks and
     ranges not) or ``"full"`` (every ``open`` and ranged ``cat`` hashes the
-    whole object first).  See the module docstring for how paths split.
+    whole object first).  ``asynchronous`` is accepted because zarr asks every
+    filesystem for it; this one is synchronous, and zarr wraps it.  See the
+    module docstring for how paths split.
     """
 
     protocol = "casstore"
@@ -192,7 +194,8 @@ class CasstoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec sh
     # CASSTORE_DIR (hazard: reading another store than the one configured now).
     cachable = False
 
-    def __init__(self, store: Union[Store, PathLike, None] = None, *, verify: Verify = "read") -> None:
+    def __init__(self, store: Union[Store, PathLike, None] = None, *, verify: Verify = "read",
+                 asynchronous: bool = False) -> None:
         if verify not in _VERIFY:
             raise InvalidInputError(f"verify must be one of {_VERIFY}, not {verify!r:.80}")
         if store is None:
@@ -206,8 +209,7 @@ class CasstoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec sh
         """The store read."""
         self.verify: Verify = verify
         """The default ``verify=`` of :meth:`open` and ranged :meth:`cat_file`."""
-        # Pickling and fsspec's JSON form rebuild from storage_options: keep the path, not the object.
-        super().__init__(store=str(self.store.root), verify=verify)
+        super().__init__()
         self._indexes: Dict[Digest, List[str]] = {}
         self._index_lock = threading.Lock()
 
