@@ -5,7 +5,7 @@ process) bound to 127.0.0.1 with its data in a temp dir, optionally with extra
 ``weed volume`` servers, and returns only once the S3 API really serves (a
 create_bucket + put + get round trip succeeds; ``/healthz`` answers too early).
 ``SeaweedServer.stop`` stops every process by PID: SIGTERM, up to 10 s, then
-SIGKILL, and removes the ``/tmp/seaweedfs-*-<port>.sock`` files it leaves.
+SIGKILL, and removes the ``$TMPDIR/seaweedfs-*-<port>.sock`` files it leaves.
 
 ``shared_server`` hands every test module the same server (started on first
 use, reference counted, stopped when the last module-level fixture releases it),
@@ -183,7 +183,8 @@ class SeaweedServer:
                     pass
                 p.wait(10)
         for port in self.ports():
-            for sock in glob.glob(f"/tmp/seaweedfs-*-{port}.sock"):
+            # SeaweedFS (Go: os.TempDir) puts them in $TMPDIR, or /tmp when that is unset or empty.
+            for sock in glob.glob(os.path.join(os.environ.get("TMPDIR") or "/tmp", f"seaweedfs-*-{port}.sock")):
                 try:
                     os.unlink(sock)
                 except FileNotFoundError:

@@ -2,7 +2,7 @@
 
 We run as root, so the "other user" is a child process that drops to uid 4322 / gid 4321
 (no /etc/passwd entry needed) with umask 022 -- the umask that would make a naive store
-private.  The store lives under /tmp in a 0o755 directory the child can traverse.
+private.  The store lives under $TMPDIR (default /tmp) in a 0o755 directory the child can traverse.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from casstore.errors import CasstoreError, DiskFullError
 
 
 def _mount(size: str) -> Path:
-    d = Path(tempfile.mkdtemp(prefix="casstore-cache-fs-", dir="/tmp"))
+    d = Path(tempfile.mkdtemp(prefix="casstore-cache-fs-"))
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(d)],
                        capture_output=True, text=True)
     if r.returncode != 0:

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpf
 
 
 def _mount(size: str) -> Path:
-    d = Path(tempfile.mkdtemp(prefix="casstore-small-", dir="/tmp"))
+    d = Path(tempfile.mkdtemp(prefix="casstore-small-"))
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(d)], check=True)
     return d
 

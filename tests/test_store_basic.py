@@ -453,7 +453,7 @@ def _measure(src: Path, root: Path, expect: str, compress: bool) -> tuple[float,
 
 @pytest.mark.slow
 def test_huge_file_put_path_and_streaming_read_bounded_memory() -> None:
-    d = Path(tempfile.mkdtemp(dir="/tmp", prefix="casstore-huge-"))
+    d = Path(tempfile.mkdtemp(prefix="casstore-huge-"))
     try:
         src = d / "huge.bin"
         block = os.urandom(64 << 20)
