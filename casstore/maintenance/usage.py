@@ -25,7 +25,7 @@ from ..errors import (
 from ..manifests.model import ManifestDoc
 from ..objects.local import ObjFile
 from ..objects.reader import open_object_file
-from .graph import Graph, entry_refs
+from .graph import Graph, entry_refs, version_refs
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -223,7 +223,10 @@ def usage(store: Store, *, shares: Iterable[str] = ()) -> Usage:
             doc = read(d, f"{kind} {name!r}")
             if doc is not None:
                 objs[d.hex] = 1
-                for _key, h, size in entry_refs(doc):
+                for key, h, size in version_refs(doc, set()):
+                    objs[h] = 1
+                    if not key:  # a tree node: stored bytes of this name, no entry, no logical bytes
+                        continue
                     n_entries += 1
                     sz = size if size is not None else logical.get(h, 0)
                     lbytes += sz
@@ -239,6 +242,7 @@ def usage(store: Store, *, shares: Iterable[str] = ()) -> Usage:
     referenced_bytes = 0
     referenced: Set[str] = set()
     seen_versions: Set[Digest] = set()
+    hist_nodes: Set[bytes] = set()
     history_logical = 0
     for name, d in [*(("pin " + k, v) for k, v in pins.items()), *(("head " + k, v) for k, v in heads.items())]:
         cur: Optional[Digest] = d
@@ -249,9 +253,18 @@ def usage(store: Store, *, shares: Iterable[str] = ()) -> Usage:
             seen_versions.add(cur)
             referenced.add(cur.hex)
             vbytes = 0
-            for _key, h, size in entry_refs(doc):
-                referenced.add(h)
-                vbytes += size if size is not None else logical.get(h, 0)
+            head = doc.entries.tree_header()
+            if head is not None:
+                # Tree-shaped: nodes shared with versions already counted are skipped with their
+                # subtrees (100 versions of a 1M-entry tree must not cost 100 full walks); the
+                # version's logical bytes come from its recorded total (entries of unknown size count 0).
+                for _key, h, _size in version_refs(doc, hist_nodes):
+                    referenced.add(h)
+                vbytes = head[3]
+            else:
+                for _key, h, size in entry_refs(doc):
+                    referenced.add(h)
+                    vbytes += size if size is not None else logical.get(h, 0)
             referenced_bytes += vbytes
             if cur not in live_versions:
                 history_logical += vbytes

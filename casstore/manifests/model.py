@@ -41,15 +41,17 @@ Hazards this module is built around (issues 10 and 11):
 
 from __future__ import annotations
 
+import bisect
+import hashlib
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, NoReturn, Optional, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, NoReturn, Optional, Protocol, Set, Tuple, Union
 
 import msgpack
 
 from .._paths import BAD_CHAR, MAX_KEY_BYTES, MAX_SEGMENT_BYTES, MAX_SEGMENTS, key_problem, validate_key
-from ..digest import Digest
-from ..errors import InvalidInputError, InvalidTypeError, StoreFormatError
+from ..digest import Digest, hash_bytes
+from ..errors import InvalidInputError, InvalidTypeError, ObjectNotFoundError, StoreFormatError
 
 if TYPE_CHECKING:
     from ..objects.base import ObjectStore
@@ -57,6 +59,26 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MANIFEST_FORMAT",
+    "TREE_FORMAT",
+    "NodeSource",
+    "check_entries",
+    "unpack_bounded",
+    "pack",
+    "UNPACK_ERRORS",
+    "same_raw",
+    "merge_diff",
+    "entry_from_raw",
+    "entry_to_raw",
+    "TREE_THRESHOLD",
+    "LEAF_TARGET",
+    "FANOUT",
+    "MAX_LEVEL",
+    "NODE_KIND",
+    "TreeEntryMap",
+    "open_tree",
+    "build_tree",
+    "shape_for_store",
+    "walk_tree",
     "MAX_KEY_BYTES",
     "MAX_SEGMENT_BYTES",
     "MAX_SEGMENTS",
@@ -75,12 +97,16 @@ __all__ = [
 ]
 
 MANIFEST_FORMAT = 1
-"""The manifest format (``"v"``); readers refuse versions they do not know."""
+"""The flat manifest format (``"v": 1``): every entry in the version object."""
+TREE_FORMAT = 2
+"""The tree-shaped format (``"v": 2``): entries in node objects ("tree-shaped versions" below).
+Readers refuse versions newer than this."""
 MAX_META_DEPTH = 64
 """Deepest nesting of lists and maps in metadata (the metadata map itself is level 1)."""
 
 _KIND = "manifest"
 _FIELDS = frozenset({"casstore", "entries", "meta", "parent", "v"})
+_TREE_FIELDS = frozenset({"casstore", "meta", "parent", "tree", "v"})
 _INT_MIN, _INT_MAX = -(2**63), 2**64  # what msgpack can carry: int64 and uint64
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -270,6 +296,43 @@ def _encode_entry(e: Entry) -> List[Any]:
     return [e.digest.raw, e.size, dict(e.meta)] if e.meta else [e.digest.raw, e.size]
 
 
+def same_raw(a: List[Any], b: List[Any]) -> bool:
+    """Whether two encoded entries are the same as stored (metadata ``1``, ``1.0``, ``True`` differ)."""
+    if a != b:
+        return False
+    return len(a) < 3 or _pack(a[2]) == _pack(b[2])
+
+
+def merge_diff(a: Iterator[Tuple[str, List[Any]]], b: Iterator[Tuple[str, List[Any]]]
+               ) -> Iterator[Tuple[str, Optional[List[Any]], Optional[List[Any]]]]:
+    """Merge-join two sorted ``(key, encoded entry)`` streams; yield the keys whose entries differ."""
+    x = next(a, None)
+    y = next(b, None)
+    while x is not None or y is not None:
+        if y is None or (x is not None and x[0] < y[0]):
+            assert x is not None
+            yield x[0], x[1], None
+            x = next(a, None)
+        elif x is None or y[0] < x[0]:
+            yield y[0], None, y[1]
+            y = next(b, None)
+        else:
+            if not same_raw(x[1], y[1]):
+                yield x[0], x[1], y[1]
+            x = next(a, None)
+            y = next(b, None)
+
+
+def entry_from_raw(raw: List[Any]) -> Entry:
+    """An :class:`Entry` from a validated encoded entry (what :meth:`EntryMap.raw` returns)."""
+    return _trusted_entry(raw)
+
+
+def entry_to_raw(e: Entry) -> List[Any]:
+    """The encoded form of an Entry (``[digest bytes, size]`` plus metadata if any)."""
+    return _encode_entry(e)
+
+
 class EntryMap(Mapping[str, Entry]):
     """The entries of a manifest version: ``Mapping[str, Entry]``, keys valid and sorted, immutable.
 
@@ -279,10 +342,11 @@ class EntryMap(Mapping[str, Entry]):
     decoded version's entries come from :func:`decode_manifest`.
     """
 
-    __slots__ = ("_raw",)
+    __slots__ = ("_raw", "_keys")
 
     def __init__(self) -> None:
         self._raw: Dict[str, List[Any]] = {}
+        self._keys: Optional[List[str]] = None
 
     @classmethod
     def from_entries(cls, entries: Mapping[str, Entry]) -> EntryMap:
@@ -308,7 +372,11 @@ class EntryMap(Mapping[str, Entry]):
         return m
 
     def with_changes(self, changes: Mapping[str, Optional[Entry]]) -> EntryMap:
-        """A new map: each key of ``changes`` set to its Entry, or removed where it maps to ``None``."""
+        """A new map: each key of ``changes`` set to its Entry, or removed where it maps to ``None``.
+
+        A tree-shaped map rebuilds only the nodes on the paths to the changed
+        keys ("tree-shaped versions" below); the rest is shared by digest.
+        """
         raw = dict(self._raw)
         added = False
         for k, e in changes.items():
@@ -330,10 +398,42 @@ class EntryMap(Mapping[str, Entry]):
         Compared as encoded, not with ``==``: metadata ``1``, ``1.0`` and
         ``True`` are equal in Python but different values in a manifest.
         """
-        a, b = self._raw[key], other._raw[key]
-        if a != b:
-            return False
-        return len(a) < 3 or _pack(a[2]) == _pack(b[2])
+        a, b = self.raw(key), other.raw(key)
+        if a is None or b is None:
+            raise KeyError(key)
+        return same_raw(a, b)
+
+    def raw(self, key: str) -> Optional[List[Any]]:
+        """The encoded entry ``[digest bytes, size, meta?]`` of ``key``, or ``None`` (do not modify it)."""
+        return self._raw.get(key)
+
+    def raw_items(self) -> Iterator[Tuple[str, List[Any]]]:
+        """``(key, encoded entry)`` in key order (streamed from the leaves for a tree-shaped version)."""
+        return iter(self._raw.items())
+
+    def ceiling(self, key: str) -> Optional[str]:
+        """The first key ``>= key`` in sort order, or ``None``: a range lookup ("is anything under ``a/``?")."""
+        if self._keys is None:
+            self._keys = list(self._raw)
+        i = bisect.bisect_left(self._keys, key)
+        return self._keys[i] if i < len(self._keys) else None
+
+    def diff_raw(self, other: EntryMap) -> Iterator[Tuple[str, Optional[List[Any]], Optional[List[Any]]]]:
+        """``(key, entry here or None, entry in other or None)`` for every key whose encoded entry differs.
+
+        A merge of the two sorted key streams; tree-shaped maps skip the
+        subtrees both share (same node digest) without reading them.
+        """
+        return merge_diff(self.raw_items(), other.raw_items())
+
+    def tree_header(self) -> Optional[List[Any]]:
+        """``[root digest bytes, root level, entry count, byte total]`` of a tree-shaped map, ``None`` if flat."""
+        return None
+
+    @property
+    def is_tree(self) -> bool:
+        """Whether this map is stored as a tree of node objects (format 2)."""
+        return False
 
     def hex_items(self) -> Iterator[Tuple[str, str, Optional[int]]]:
         """``(key, digest hex, size)`` of every entry, in key order, without making Entry objects.
@@ -341,7 +441,7 @@ class EntryMap(Mapping[str, Entry]):
         For passes over whole stores (gc, verify, usage): making an Entry and a
         Digest per entry doubles their time on 100,000-entry versions.
         """
-        for k, v in self._raw.items():
+        for k, v in self.raw_items():
             yield k, v[0].hex(), v[1]
 
     def __getitem__(self, key: str) -> Entry:
@@ -387,7 +487,20 @@ class ManifestDoc:
         return cls(EntryMap.from_entries(entries), MappingProxyType(canonical_map(meta, "manifest metadata")), parent)
 
     def encode(self) -> bytes:
-        """The canonical msgpack bytes of this version (docs/format.md)."""
+        """The canonical msgpack bytes of this version (docs/format.md).
+
+        A tree-shaped version (format 2) encodes its root and totals, not its
+        entries; its node objects are written by :func:`put_version`.
+        """
+        head = self.entries.tree_header()
+        if head is not None:
+            return _pack({
+                "casstore": _KIND,
+                "meta": canonical_map(self.meta, "manifest metadata"),
+                "parent": self.parent.raw if self.parent is not None else None,
+                "tree": head,
+                "v": TREE_FORMAT,
+            })
         return _pack({
             "casstore": _KIND,
             "entries": self.entries._raw,
@@ -416,19 +529,33 @@ def _refuse_ext(code: int, data: bytes) -> object:
 
 
 _UNPACK_ERRORS = (ValueError, TypeError, OverflowError, msgpack.UnpackException)
+UNPACK_ERRORS = _UNPACK_ERRORS
+"""What :func:`unpack_bounded` raises on malformed bytes."""
 
 
-def decode_manifest(data: Union[bytes, bytearray, memoryview], digest: Optional[Digest] = None) -> ManifestDoc:
+def decode_manifest(data: Union[bytes, bytearray, memoryview], digest: Optional[Digest] = None,
+                    objects: Optional[NodeSource] = None) -> ManifestDoc:
     """Decode and validate a manifest version's bytes; :class:`~casstore.errors.StoreFormatError` on anything wrong.
 
     THE decoder (see the module docstring): every key, entry and metadata
     value is checked before this returns.  ``digest`` names the version in
-    error messages.
+    error messages.  A tree-shaped version (format 2) reads its node objects
+    from ``objects`` when its entries are used, each one a verified read
+    validated against its parent ("tree-shaped versions" below); without
+    ``objects`` using its entries is a StoreFormatError.
     """
-    return _decode(bytes(data), digest, trusted=False)[0]
+    return _decode(bytes(data), digest, trusted=False, objects=objects)[0]
 
 
-def _decode(data: bytes, digest: Optional[Digest], *, trusted: bool) -> Tuple[ManifestDoc, bool]:
+class NodeSource(Protocol):
+    """Where a tree-shaped version's node objects are read from (an ObjectStore, or a pull's remote view)."""
+
+    def read(self, digest: Digest, *, verify: bool = True) -> bytes:
+        """The object's bytes, verified (re-hashed) unless ``verify=False``."""
+
+
+def _decode(data: bytes, digest: Optional[Digest], *, trusted: bool,
+            objects: Optional[NodeSource] = None) -> Tuple[ManifestDoc, bool]:
     """``(doc, canonical)``: canonical if the bytes are exactly what :meth:`ManifestDoc.encode` writes
     for their entries (only then may their digest skip validation next time).  ``trusted``: the bytes
     are known to be a valid, canonical version (skip the per-entry checks)."""
@@ -442,10 +569,12 @@ def _decode(data: bytes, digest: Optional[Digest], *, trusted: bool) -> Tuple[Ma
     if not isinstance(doc, dict) or doc.get("casstore") != _KIND:
         raise StoreFormatError(f"object {digest} is not a casstore manifest")
     v = doc.get("v")
-    if type(v) is int and v > MANIFEST_FORMAT:
+    if type(v) is int and v > TREE_FORMAT:
         raise StoreFormatError(f"{what} has format {v!r}, newer than this casstore; upgrade it")
-    if type(v) is not int or v != MANIFEST_FORMAT:  # format.md: readers refuse versions they do not know
-        raise StoreFormatError(f"{what} has unknown format {v!r:.40} (expected {MANIFEST_FORMAT})")
+    if type(v) is not int or v not in (MANIFEST_FORMAT, TREE_FORMAT):  # format.md: refuse unknown versions
+        raise StoreFormatError(f"{what} has unknown format {v!r:.40} (expected {MANIFEST_FORMAT} or {TREE_FORMAT})")
+    if v == TREE_FORMAT:
+        return _decode_tree(doc, digest, what, objects), True
     if doc.keys() != _FIELDS:
         extra = sorted(repr(k) for k in doc if k not in _FIELDS) or ["(none)"]
         missing = sorted(_FIELDS - doc.keys()) or ["(none)"]
@@ -473,6 +602,47 @@ def _decode(data: bytes, digest: Optional[Digest], *, trusted: bool) -> Tuple[Ma
         raise StoreFormatError(f"{what}: {e}") from None
     return ManifestDoc(EntryMap._of(raw), MappingProxyType(meta),
                        Digest(parent.hex()) if parent is not None else None), canonical
+
+
+def _decode_tree(doc: Dict[str, Any], digest: Optional[Digest], what: str,
+                 objects: Optional[NodeSource]) -> ManifestDoc:
+    """A format-2 version: meta, parent and the tree header; nodes are validated as they are read."""
+    if doc.keys() != _TREE_FIELDS:
+        extra = sorted(repr(k) for k in doc if k not in _TREE_FIELDS) or ["(none)"]
+        missing = sorted(_TREE_FIELDS - doc.keys()) or ["(none)"]
+        raise StoreFormatError(
+            f"{what} lacks its tree or meta map, or has other fields (missing {', '.join(missing)}; "
+            f"unexpected {', '.join(extra):.200}); it was not written by casstore"
+        )
+    meta = doc["meta"]
+    if not isinstance(meta, dict):
+        raise StoreFormatError(f"{what} lacks its meta map")
+    parent = doc["parent"]
+    if parent is not None and not (type(parent) is bytes and len(parent) == 32):
+        raise StoreFormatError(f"{what} has a malformed parent link ({parent!r:.80})")
+    try:
+        meta = canonical_map(meta, "metadata")
+    except InvalidInputError as e:
+        raise StoreFormatError(f"{what}: {e}") from None
+    entries = open_tree(doc["tree"], objects, what)
+    return ManifestDoc(entries, MappingProxyType(meta), Digest(parent.hex()) if parent is not None else None)
+
+
+def check_entries(raw: Dict[Any, Any], what: str) -> bool:
+    """Validate every key and encoded entry of ``raw`` (StoreFormatError naming ``what``); False if
+    any entry was rewritten into canonical form.  Used for flat versions and tree leaves alike."""
+    return _check_entries(raw, what)
+
+
+def unpack_bounded(data: bytes) -> object:
+    """msgpack-unpack ``data`` with every length bounded by its own (hostile input allocates little);
+    raises ``UNPACK_ERRORS``."""
+    return _unpack(data)
+
+
+def pack(value: object) -> bytes:
+    """msgpack bytes of ``value`` as manifests store them (``use_bin_type``)."""
+    return _pack(value)
 
 
 def _check_entries(raw: Dict[Any, Any], what: str) -> bool:
@@ -566,7 +736,7 @@ def load_manifest(objects: ObjectStore, d: Digest) -> ManifestDoc:
         raise InvalidTypeError(f"a manifest version is named by a Digest, not {type(d).__name__}")
     data = objects.read(d, verify=True)
     trusted = d in _VALIDATED  # the bytes hash to d, and d's bytes were validated (and canonical) before
-    doc, canonical = _decode(data, d, trusted=trusted)
+    doc, canonical = _decode(data, d, trusted=trusted, objects=objects)
     if canonical and not trusted:
         _remember(d)
     return doc
@@ -578,6 +748,616 @@ def put_version(objects: LocalObjects, doc: ManifestDoc) -> Digest:
     The bytes are ``doc.encode()``; a version made by :meth:`ManifestDoc.build`
     or :func:`decode_manifest` is valid, so reading it back skips validation.
     """
-    d = objects.put(doc.encode(), compress=False)
+    # Flat up to TREE_THRESHOLD entries, a tree above (docs/format.md); a tree's new nodes are
+    # published in one durable batch (put_many: one syncfs), children first, before the version.
+    entries, nodes = shape_for_store(doc.entries, objects)
+    if nodes:
+        objects.put_many(nodes, compress=False)
+    d = objects.put(ManifestDoc(entries, doc.meta, doc.parent).encode(), compress=False)
     _remember(d)
     return d
+
+
+# -- tree-shaped versions (format 2) ------------------------------------------------------
+#
+# Tree-shaped manifest versions (format 2): a content-defined B-tree of node objects over the sorted keys.
+#
+# A version with more than :data:`TREE_THRESHOLD` entries is stored as a small
+# version object (meta, parent, ``"tree": [root digest, root level, entry
+# count, byte total]``, ``"v": 2``) plus node objects (docs/format.md,
+# "Tree-shaped versions"):
+#
+# * a *leaf* (level 0) holds a run of entries, ``{key: [digest, size, meta?]}``
+#   exactly as a flat version does;
+# * an *internal* node (level L >= 1) holds its children as
+#   ``[last key, child digest, entry count, byte total]``.
+#
+# Boundaries depend on keys only (a prolly tree): a node of level L ends after
+# key ``k`` when ``rank(k) > L``, where ``rank`` comes from a 64-bit hash of the
+# key (a leaf ends with probability 1/:data:`LEAF_TARGET`, each level above with
+# 1/:data:`FANOUT` more).  So the tree is a function of the key set, whatever
+# the edit history (same entries, same root digest); changing an entry's digest
+# never moves a boundary; inserting or deleting a key moves at most the
+# boundary at that key.  A version that changes k keys writes O(k * depth) nodes
+# of a few hundred bytes each, and shares every other node with its parent.
+#
+# Hazards this module is built around:
+#
+# * Node bytes are hostile like any stored data.  Every node read is a verified
+#   read (the bytes hash to the digest its parent names) and is validated before
+#   use: its tag and level, every key and entry (the same checks as a flat
+#   version, :func:`~casstore.manifests.model.check_entries`), keys strictly
+#   sorted and inside the parent's key range (after the previous sibling's last
+#   key, ending exactly at the last key the parent records), and counts and
+#   byte totals equal to what the parent records.  Levels strictly decrease, so
+#   depth is bounded by :data:`MAX_LEVEL`.  Anything else is a
+#   :class:`~casstore.errors.StoreFormatError` naming the version.
+# * Cost grows with what changed: lookups read one node per level (a small
+#   in-process cache keeps the upper levels), iteration streams the leaves
+#   (memory is one node per level), :meth:`TreeEntryMap.with_changes` rebuilds
+#   only the touched paths, and diffs skip subtrees both sides share.
+# * Nodes are written in one batch with the version (``put_many``: one
+#   filesystem sync), children before parents, before the version object.
+
+TREE_THRESHOLD = 4096
+"""Versions with more entries than this are stored as trees; smaller ones stay flat (format 1)."""
+LEAF_TARGET = 8
+"""Mean entries per leaf.  Small on purpose: a one-key commit rewrites one leaf and one node per level,
+and 100 one-key versions must add <= 1% of a 1,000,000-entry version's bytes (docs/format.md, measured)."""
+FANOUT = 8
+"""Mean children per internal node (same reasoning as :data:`LEAF_TARGET`)."""
+MAX_LEVEL = 40
+"""Deepest root level accepted from stored data (a real tree of 2**64 entries has about 21)."""
+NODE_KIND = "manifest-node"
+
+_LEAF_CUT = (1 << 64) // LEAF_TARGET
+_CACHE_MAX = 4096  # decoded nodes kept per process (upper levels stay hot for lookups)
+
+Raw = List[Any]
+"""An encoded entry: ``[digest bytes, size, meta?]``."""
+Ref = Tuple[str, bytes, int, int]
+"""A child as its parent records it: (last key, digest bytes, entry count, byte total)."""
+Node = Union[Dict[str, Raw], Tuple[List[str], List[Ref]]]
+"""A decoded node: a leaf's entries, or an internal node's (last keys, children)."""
+
+_CACHE: Dict[bytes, Tuple[int, Node]] = {}
+
+
+def _rank_hash(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+
+
+def _ends(key: str, level: int) -> bool:
+    """Whether a node of ``level`` ends after ``key`` (boundaries are nested: a level-L end is one below too)."""
+    return _rank_hash(key) < _LEAF_CUT // (FANOUT ** level)  # type: ignore[no-any-return]
+
+
+def _size_of(raw: Raw) -> int:
+    s = raw[1]
+    return s if type(s) is int else 0
+
+
+# -- encoding ---------------------------------------------------------------------------
+
+
+class _Writer:
+    """Encodes new nodes; keeps their bytes (children first) and decoded form until they are stored."""
+
+    def __init__(self, pending: Optional[Dict[bytes, Tuple[bytes, int, Node]]] = None) -> None:
+        self.new: Dict[bytes, Tuple[bytes, int, Node]] = dict(pending) if pending else {}
+
+    def leaf(self, items: List[Tuple[str, Raw]]) -> Ref:
+        entries = dict(items)
+        data = pack({"casstore": NODE_KIND, "entries": entries, "level": 0})
+        d = hash_bytes(data).raw
+        self.new.setdefault(d, (data, 0, entries))
+        return items[-1][0], d, len(items), sum(_size_of(r) for _k, r in items)
+
+    def internal(self, level: int, refs: List[Ref]) -> Ref:
+        data = pack({"casstore": NODE_KIND, "children": [list(r) for r in refs], "level": level})
+        d = hash_bytes(data).raw
+        self.new.setdefault(d, (data, level, ([r[0] for r in refs], list(refs))))
+        return refs[-1][0], d, sum(r[2] for r in refs), sum(r[3] for r in refs)
+
+
+class _Builder:
+    """Chunkers, one per level: entries in key order in, nodes out at key-defined boundaries.
+
+    An unchanged old node may be handed to the level above whole (:meth:`add_ref`)
+    when every level at and below its own holds nothing pending: it then starts a
+    node of its level exactly as a rebuild from scratch would.
+    """
+
+    def __init__(self, writer: _Writer) -> None:
+        self.w = writer
+        self.pend: List[List[Any]] = [[]]
+        self.recv: List[int] = [0]
+
+    def _level(self, level: int) -> None:
+        while len(self.pend) <= level:
+            self.pend.append([])
+            self.recv.append(0)
+
+    def clean_upto(self, level: int) -> bool:
+        """Whether no level <= ``level`` has items waiting."""
+        return not any(self.pend[i] for i in range(min(level + 1, len(self.pend))))
+
+    def add_entry(self, key: str, raw: Raw) -> None:
+        self.pend[0].append((key, raw))
+        self.recv[0] += 1
+        if _ends(key, 0):
+            self._flush(0)
+
+    def add_ref(self, level: int, ref: Ref) -> None:
+        """``ref`` is a node of level ``level - 1``, an item for the chunker of ``level``."""
+        self._level(level)
+        self.pend[level].append(ref)
+        self.recv[level] += 1
+        if _ends(ref[0], level):
+            self._flush(level)
+
+    def _flush(self, level: int) -> None:
+        items = self.pend[level]
+        self.pend[level] = []
+        ref = self.w.leaf(items) if level == 0 else self.w.internal(level, items)
+        self.add_ref(level + 1, ref)
+
+    def finish(self, reader: Optional[_Reader] = None) -> Optional[Tuple[Ref, int]]:
+        """(root, root level), or ``None`` for no entries.  The root is the lowest level with one node."""
+        level = 0
+        while level < len(self.pend):
+            above = any(self.recv[m] for m in range(level + 1, len(self.recv)))
+            if level >= 1 and self.recv[level] == 1 and not above:
+                return self._collapse(self.pend[level][0], level - 1, reader)
+            if self.pend[level]:
+                self._flush(level)
+            level += 1
+        return None
+
+    def _collapse(self, ref: Ref, level: int, reader: Optional[_Reader]) -> Tuple[Ref, int]:
+        # A last key that ends nodes of several levels leaves a chain of one-child nodes on top;
+        # the canonical root is the lowest level with one node (what a rebuild from scratch gives).
+        while level >= 1:
+            got = self.w.new.get(ref[1])
+            if got is not None:
+                node = got[2]
+            elif reader is not None:  # a reused old node (one child is canonical inside a tree, not on top)
+                node = reader.node(ref, level, None, True)
+            else:
+                break
+            assert isinstance(node, tuple)
+            if len(node[1]) != 1:
+                break
+            if got is not None:
+                del self.w.new[ref[1]]
+            ref, level = node[1][0], level - 1
+        return ref, level
+
+
+# -- reading ----------------------------------------------------------------------------
+
+
+def _bad(what: str, d: bytes, problem: str) -> StoreFormatError:
+    return StoreFormatError(
+        f"{what}: tree node blake3:{d.hex()} {problem}; the version is damaged or was not written by casstore, "
+        "so nothing of it is used (remove or re-point the ref that names it)"
+    )
+
+
+def _decode_node(data: bytes, d: bytes, level: int, what: str) -> Node:
+    """Validate what a node holds by itself (tag, level, keys, entries, order); StoreFormatError otherwise."""
+    try:
+        doc = unpack_bounded(data)
+    except UNPACK_ERRORS as e:
+        raise _bad(what, d, f"is not valid msgpack ({type(e).__name__})") from None
+    if not isinstance(doc, dict) or doc.get("casstore") != NODE_KIND:
+        raise _bad(what, d, "is not a manifest tree node")
+    if doc.get("level") != level or type(doc.get("level")) is not int:
+        raise _bad(what, d, f"has level {doc.get('level')!r:.40}, where its parent needs level {level}")
+    body = "entries" if level == 0 else "children"
+    if doc.keys() != {"casstore", "level", body}:
+        raise _bad(what, d, f"has fields {sorted(map(repr, doc))!s:.200}, expected casstore, level, {body}")
+    items = doc[body]
+    if level == 0:
+        if not isinstance(items, dict) or not items:
+            raise _bad(what, d, "has no entries map (or an empty one)")
+        check_entries(items, f"{what} (tree node blake3:{d.hex()})")
+        keys = list(items)
+        if any(a >= b for a, b in zip(keys, keys[1:], strict=False)):
+            raise _bad(what, d, "has keys out of order")
+        return items
+    if not isinstance(items, list) or not items:
+        raise _bad(what, d, "has no children list (or an empty one)")
+    refs: List[Ref] = []
+    for c in items:
+        if not (type(c) is list and len(c) == 4 and type(c[0]) is str and type(c[1]) is bytes and len(c[1]) == 32
+                and type(c[2]) is int and c[2] > 0 and type(c[3]) is int and c[3] >= 0):
+            raise _bad(what, d, f"has a malformed child {c!r:.100} (expected [last key, 32-byte digest, "
+                                "entry count > 0, byte total >= 0])")
+        try:
+            validate_key(c[0])
+        except Exception:  # noqa: BLE001 - any refusal of a key is a damaged node
+            raise _bad(what, d, f"has an invalid key {c[0]!r:.200}") from None
+        refs.append((c[0], c[1], c[2], c[3]))
+    keys = [r[0] for r in refs]
+    if any(a >= b for a, b in zip(keys, keys[1:], strict=False)):
+        raise _bad(what, d, "has children out of order")
+    return keys, refs
+
+
+class _Reader:
+    """Reads and validates the nodes of one version (from its store, and from nodes not yet stored)."""
+
+    __slots__ = ("source", "pending", "what")
+
+    def __init__(self, source: Optional[NodeSource], pending: Dict[bytes, Tuple[bytes, int, Node]],
+                 what: str) -> None:
+        self.source = source
+        self.pending = pending
+        self.what = what
+
+    def node(self, ref: Ref, level: int, lo: Optional[str], root: bool, *, cache: bool = True) -> Node:
+        """Node ``ref`` of ``level``: verified, validated, and checked against what its parent says
+        (keys after ``lo`` and ending at ``ref``'s last key, its count and byte total)."""
+        d = ref[1]
+        got = self.pending.get(d)
+        if got is not None:
+            return got[2]
+        hit = _CACHE.get(d)
+        if hit is not None and hit[0] == level:
+            node = hit[1]
+        else:
+            if self.source is None:
+                raise StoreFormatError(f"{self.what} is tree-shaped; its nodes can only be read from a store")
+            try:
+                data = self.source.read(Digest(d.hex()), verify=True)
+            except ObjectNotFoundError:
+                raise ObjectNotFoundError(
+                    f"{self.what}: tree node blake3:{d.hex()} is missing from the store; pull the version "
+                    "again from a remote that has it"
+                ) from None
+            node = _decode_node(data, d, level, self.what)
+            if cache:
+                if len(_CACHE) >= _CACHE_MAX:
+                    try:  # best effort, no lock (see model._remember)
+                        _CACHE.pop(next(iter(_CACHE)), None)
+                    except (StopIteration, RuntimeError):
+                        pass
+                _CACHE[d] = (level, node)
+        self._check(node, ref, lo, root)
+        return node
+
+    def _check(self, node: Node, ref: Ref, lo: Optional[str], root: bool) -> None:
+        if isinstance(node, dict):
+            first = next(iter(node))
+            last = next(reversed(node))
+            count = len(node)
+            total = sum(_size_of(r) for r in node.values())
+        else:
+            first, last = node[0][0], node[0][-1]
+            count = sum(r[2] for r in node[1])
+            total = sum(r[3] for r in node[1])
+        d = ref[1]
+        if lo is not None and first <= lo:
+            raise _bad(self.what, d, f"starts at {first!r:.200}, outside its parent's range (after {lo!r:.200})")
+        if not root and last != ref[0]:
+            raise _bad(self.what, d, f"ends at {last!r:.200}, but its parent says {ref[0]!r:.200}")
+        if count != ref[2] or total != ref[3]:
+            raise _bad(self.what, d, f"holds {count} entries of {total} bytes, but its parent says "
+                                     f"{ref[2]} entries of {ref[3]} bytes")
+
+
+# -- the map ----------------------------------------------------------------------------
+
+
+class TreeEntryMap(EntryMap):
+    """The entries of a tree-shaped version: the :class:`EntryMap` API, reading nodes as needed.
+
+    ``len()`` comes from the root's count; a lookup reads one node per level;
+    iteration streams the leaves; :meth:`with_changes` returns a map whose new
+    nodes are kept in memory until :func:`shape_for_store` hands them to
+    ``put_version``.
+    """
+
+    __slots__ = ("_root", "_level", "_reader")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._root: Ref = ("", b"", 0, 0)
+        self._level = 0
+        self._reader = _Reader(None, {}, "manifest")
+
+    @classmethod
+    def _make(cls, root: Ref, level: int, reader: _Reader) -> TreeEntryMap:
+        m = cls()
+        m._root, m._level, m._reader = root, level, reader
+        return m
+
+    @property
+    def is_tree(self) -> bool:
+        """Always True here."""
+        return True
+
+    @property
+    def root(self) -> Digest:
+        """Digest of the root node."""
+        return Digest(self._root[1].hex())
+
+    @property
+    def depth(self) -> int:
+        """Levels of nodes (1: the root is a leaf)."""
+        return self._level + 1
+
+    @property
+    def total_bytes(self) -> int:
+        """Sum of the entries' recorded sizes (entries without a size count 0)."""
+        return self._root[3]
+
+    def pending_nodes(self) -> List[bytes]:
+        """Encoded nodes made by edits and not yet stored, children before parents."""
+        return [v[0] for v in self._reader.pending.values()]
+
+    def tree_header(self) -> Optional[List[Any]]:
+        """``[root digest bytes, root level, entry count, byte total]`` (the version object's ``"tree"``)."""
+        return [self._root[1], self._level, self._root[2], self._root[3]]
+
+    # Mapping
+    def __len__(self) -> int:
+        return self._root[2]
+
+    def raw(self, key: str) -> Optional[Raw]:
+        """The encoded entry of ``key`` (one node read per level), or ``None``."""
+        if type(key) is not str:
+            return None
+        r = self._reader
+        ref, level, lo, root = self._root, self._level, None, True
+        while level > 0:
+            node = r.node(ref, level, lo, root)
+            assert isinstance(node, tuple)
+            keys, refs = node
+            i = bisect.bisect_left(keys, key)
+            if i == len(keys):
+                return None
+            lo = keys[i - 1] if i else lo
+            ref, level, root = refs[i], level - 1, False
+        leaf = r.node(ref, 0, lo, root)
+        assert isinstance(leaf, dict)
+        return leaf.get(key)
+
+    def __getitem__(self, key: str) -> Entry:
+        raw = self.raw(key)
+        if raw is None:
+            raise KeyError(key)
+        return entry_from_raw(raw)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.raw(key) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        for k, _raw in self.raw_items():
+            yield k
+
+    def raw_items(self) -> Iterator[Tuple[str, Raw]]:
+        """``(key, encoded entry)`` in key order, streamed leaf by leaf (memory: one node per level)."""
+        r = self._reader
+        stack: List[Tuple[Ref, int, Optional[str], bool]] = [(self._root, self._level, None, True)]
+        while stack:
+            ref, level, lo, root = stack.pop()
+            node = r.node(ref, level, lo, root, cache=level > 1)
+            if isinstance(node, dict):
+                yield from node.items()
+                continue
+            keys, refs = node
+            for i in range(len(refs) - 1, -1, -1):
+                stack.append((refs[i], level - 1, keys[i - 1] if i else lo, False))
+
+    def ceiling(self, key: str) -> Optional[str]:
+        """The first key ``>= key``, or ``None`` (one node read per level)."""
+        r = self._reader
+        ref, level, lo, root = self._root, self._level, None, True
+        while level > 0:
+            node = r.node(ref, level, lo, root)
+            assert isinstance(node, tuple)
+            keys, refs = node
+            i = bisect.bisect_left(keys, key)
+            if i == len(keys):
+                return None
+            lo = keys[i - 1] if i else lo
+            ref, level, root = refs[i], level - 1, False
+        leaf = r.node(ref, 0, lo, root)
+        assert isinstance(leaf, dict)
+        ks = list(leaf)
+        i = bisect.bisect_left(ks, key)
+        return ks[i] if i < len(ks) else None
+
+    def same(self, key: str, other: EntryMap) -> bool:
+        """See :meth:`EntryMap.same`."""
+        a, b = self.raw(key), other.raw(key)
+        if a is None or b is None:
+            raise KeyError(key)
+        return same_raw(a, b)
+
+    def diff_raw(self, other: EntryMap) -> Iterator[Tuple[str, Optional[Raw], Optional[Raw]]]:
+        """See :meth:`EntryMap.diff_raw`; subtrees both trees share are skipped unread."""
+        if not isinstance(other, TreeEntryMap):
+            return merge_diff(self.raw_items(), other.raw_items())
+        return merge_diff(*_aligned_streams(self, other))
+
+    def with_changes(self, changes: Mapping[str, Optional[Entry]]) -> EntryMap:
+        """A new map with ``changes`` applied; only nodes on the paths to changed keys are rebuilt."""
+        todo: List[Tuple[str, Optional[Raw]]] = []
+        for k, e in changes.items():
+            validate_key(k)
+            if e is not None and not isinstance(e, Entry):
+                raise InvalidTypeError(f"manifest entry {k!r:.200} must be an Entry, not {type(e).__name__}")
+            todo.append((k, entry_to_raw(e) if e is not None else None))
+        if not todo:
+            return self
+        todo.sort(key=lambda t: t[0])
+        w = _Writer(self._reader.pending)
+        b = _Builder(w)
+        _update(self._reader, self._root, self._level, todo, b)
+        got = b.finish(self._reader)
+        reader = _Reader(self._reader.source, w.new, self._reader.what)
+        if got is None:
+            return EntryMap()
+        return TreeEntryMap._make(got[0], got[1], reader)
+
+    def __repr__(self) -> str:
+        return f"<TreeEntryMap {len(self)} entries, depth {self.depth}, root {self.root.short()}>"
+
+
+def _update(r: _Reader, root: Ref, root_level: int, changes: List[Tuple[str, Optional[Raw]]], b: _Builder) -> None:
+    """Feed the old tree with ``changes`` (sorted) merged in to ``b``, reusing untouched nodes whole."""
+    keys = [c[0] for c in changes]
+    ci = 0
+
+    def walk(ref: Ref, level: int, lo: Optional[str], last: bool, root: bool) -> None:
+        nonlocal ci
+        hi = ref[0]
+        touched = ci < len(changes) and (last or keys[ci] <= hi)
+        if not touched and not root and b.clean_upto(level):
+            b.add_ref(level + 1, ref)  # shared with the old version, unread
+            return
+        node = r.node(ref, level, lo, root)
+        if isinstance(node, dict):
+            end = len(changes) if last else bisect.bisect_right(keys, hi, ci)
+            if ci == end:
+                for k, v in node.items():
+                    b.add_entry(k, v)
+                return
+            merged = dict(node)
+            added = False
+            for k, nv in changes[ci:end]:
+                if nv is None:
+                    merged.pop(k, None)
+                else:
+                    added = added or k not in merged
+                    merged[k] = nv
+            ci = end
+            for k in (sorted(merged) if added else list(merged)):
+                b.add_entry(k, merged[k])
+            return
+        ks, refs = node
+        n = len(refs)
+        for i in range(n):
+            walk(refs[i], level - 1, ks[i - 1] if i else lo, last and i == n - 1, False)
+
+    walk(root, root_level, None, True, True)
+
+
+def _aligned_streams(a: TreeEntryMap, b: TreeEntryMap) -> Tuple[Iterator[Tuple[str, Raw]], Iterator[Tuple[str, Raw]]]:
+    """Two entry streams that skip, in both at once, every subtree both trees share (same digest).
+
+    Each side is a cursor over a stack of unexpanded nodes; a shared node is
+    skipped only when it heads both stacks, i.e. everything before it has been
+    consumed on both sides: its entries are the same run in both sorted
+    streams, so the merge of what remains is unchanged.  Canonical trees
+    re-align at node boundaries right after a change.
+    """
+    State = List[Tuple[Ref, int, Optional[str], bool]]
+    sa: State = [(a._root, a._level, None, True)]
+    sb: State = [(b._root, b._level, None, True)]
+    buf_a: List[Tuple[str, Raw]] = []
+    buf_b: List[Tuple[str, Raw]] = []
+
+    def expand(st: State, r: _Reader, buf: List[Tuple[str, Raw]]) -> None:
+        ref, level, lo, root = st.pop()
+        node = r.node(ref, level, lo, root, cache=False)
+        if isinstance(node, dict):
+            buf.extend(reversed(list(node.items())))
+            return
+        ks, refs = node
+        for i in range(len(refs) - 1, -1, -1):
+            st.append((refs[i], level - 1, ks[i - 1] if i else lo, False))
+
+    def step() -> None:
+        # Called when a side's buffer is empty: skip shared heads before expanding.
+        while True:
+            # Buffers need not be empty: a stack head is the next unexpanded run of its side whatever
+            # the buffer holds, and dropping the same run from both sides leaves the merge's output as is.
+            if sa and sb and sa[-1][0][1] == sb[-1][0][1]:
+                sa.pop()
+                sb.pop()
+                continue
+            break
+
+    def gen(st: State, r: _Reader, buf: List[Tuple[str, Raw]]) -> Iterator[Tuple[str, Raw]]:
+        while True:
+            if buf:
+                yield buf.pop()
+                continue
+            step()
+            if buf:
+                continue
+            if not st:
+                return
+            expand(st, r, buf)
+
+    return gen(sa, a._reader, buf_a), gen(sb, b._reader, buf_b)
+
+
+def open_tree(header: object, objects: Optional[NodeSource], what: str) -> TreeEntryMap:
+    """The entries of a format-2 version from its ``"tree"`` header; StoreFormatError if it is malformed."""
+    if not (type(header) is list and len(header) == 4 and type(header[0]) is bytes and len(header[0]) == 32
+            and type(header[1]) is int and 0 <= header[1] <= MAX_LEVEL and type(header[2]) is int
+            and header[2] > 0 and type(header[3]) is int and header[3] >= 0):
+        raise StoreFormatError(
+            f"{what} has a malformed tree header ({header!r:.120}); expected [32-byte root digest, "
+            f"level 0..{MAX_LEVEL}, entry count > 0, byte total >= 0]"
+        )
+    assert isinstance(header, list)
+    return TreeEntryMap._make(("", header[0], header[2], header[3]), header[1], _Reader(objects, {}, what))
+
+
+def build_tree(items: Iterator[Tuple[str, Raw]], objects: Optional[NodeSource], what: str = "manifest") -> EntryMap:
+    """A tree of sorted, validated ``(key, encoded entry)`` items, nodes kept in memory until stored."""
+    w = _Writer()
+    b = _Builder(w)
+    for k, v in items:
+        b.add_entry(k, v)
+    got = b.finish()
+    if got is None:
+        return EntryMap()
+    return TreeEntryMap._make(got[0], got[1], _Reader(objects, w.new, what))
+
+
+def shape_for_store(entries: EntryMap, objects: NodeSource) -> Tuple[EntryMap, List[bytes]]:
+    """The form ``entries`` are stored in (flat up to :data:`TREE_THRESHOLD`, a tree above) and the
+    node objects to write first (children before parents)."""
+    n = len(entries)
+    if n <= TREE_THRESHOLD:
+        if not entries.is_tree:
+            return entries, []
+        flat = EntryMap.from_entries({})
+        return flat.with_changes({k: entry_from_raw(v) for k, v in entries.raw_items()}), []
+    if not isinstance(entries, TreeEntryMap):
+        entries = build_tree(entries.raw_items(), objects)
+        assert isinstance(entries, TreeEntryMap)
+    nodes = entries.pending_nodes()
+    # Stored from now on: readers of this map read them from the store (and pending can be dropped).
+    return TreeEntryMap._make(entries._root, entries._level, _Reader(objects, {}, entries._reader.what)), nodes
+
+
+def walk_tree(entries: EntryMap, seen: Set[bytes]) -> Iterator[Tuple[str, str, Optional[int]]]:
+    """``(key, digest hex, size)`` of entries, and ``("", node hex, None)`` of node objects, skipping
+    every node in ``seen`` (and adding those visited): gc and push visit each shared node once."""
+    if not isinstance(entries, TreeEntryMap):
+        yield from entries.hex_items()
+        return
+    r = entries._reader
+    stack: List[Tuple[Ref, int, Optional[str], bool]] = [(entries._root, entries._level, None, True)]
+    while stack:
+        ref, level, lo, root = stack.pop()
+        if ref[1] in seen:
+            continue
+        seen.add(ref[1])
+        yield "", ref[1].hex(), None
+        node = r.node(ref, level, lo, root, cache=False)
+        if isinstance(node, dict):
+            for k, v in node.items():
+                yield k, v[0].hex(), v[1]
+            continue
+        ks, refs = node
+        for i in range(len(refs) - 1, -1, -1):
+            stack.append((refs[i], level - 1, ks[i - 1] if i else lo, False))

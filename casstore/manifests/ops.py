@@ -35,8 +35,9 @@ Crash points for tests: ``manifest.before_object``, ``manifest.after_object``
 
 from __future__ import annotations
 
-import bisect
+import random
 import re
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -54,12 +55,23 @@ from ..errors import (
     FrozenError,
     InvalidInputError,
     InvalidTypeError,
+    LockTimeout,
     ManifestNotFoundError,
     NameExistsError,
     ObjectNotFoundError,
 )
-from ..refs import validate_name
-from .model import Entry, EntryMap, ManifestDoc, canonical_map, load_manifest, put_version, read_parent, validate_key
+from ..refs import Ref, validate_name
+from .model import (
+    Entry,
+    EntryMap,
+    ManifestDoc,
+    canonical_map,
+    entry_from_raw,
+    load_manifest,
+    put_version,
+    read_parent,
+    validate_key,
+)
 from .provenance import derive_params, input_labels
 
 if TYPE_CHECKING:
@@ -201,6 +213,7 @@ class ManifestEditor(MutableMapping[str, Entry]):
         self._dirty = False
         self.result: Optional[Manifest] = base
         """The committed version after the ``with`` block (or the base if nothing changed)."""
+        self._head: Optional[Ref] = None  # the head as read at the start: what the commit's claim expects
 
     def __getitem__(self, key: str) -> Entry:
         if key in self._changes:
@@ -283,7 +296,8 @@ class ManifestEditor(MutableMapping[str, Entry]):
         changed = [k for k, e in self._changes.items() if e is not None]
         if not changed:
             return
-        ordered = list(entries)  # sorted
+        # Point and range lookups only: O(changed keys x depth) on a tree-shaped version, never a scan
+        # of every key (a 1,000,000-entry folder must not pay a full listing per one-key edit).
         for key in changed:
             parts = key.split("/")
             for i in range(1, len(parts)):
@@ -293,10 +307,10 @@ class ManifestEditor(MutableMapping[str, Entry]):
                         f"manifest {self.name!r}: key {key!r} needs {prefix!r} to be a directory, "
                         f"but {prefix!r} is also a key; rename one of them"
                     )
-            j = bisect.bisect_left(ordered, key + "/")
-            if j < len(ordered) and ordered[j].startswith(key + "/"):
+            under = entries.ceiling(key + "/")
+            if under is not None and under.startswith(key + "/"):
                 raise InvalidInputError(
-                    f"manifest {self.name!r}: key {key!r} is also the directory of {ordered[j]!r}; rename one of them"
+                    f"manifest {self.name!r}: key {key!r} is also the directory of {under!r}; rename one of them"
                 )
 
     def _commit(self) -> Optional[Manifest]:
@@ -305,16 +319,57 @@ class ManifestEditor(MutableMapping[str, Entry]):
         if not self._dirty and (self.base is None and not meta or self.base is not None
                                 and _packed_meta(meta) == _packed_meta(self.base.meta)):
             return self.base
-        entries = self._base_entries.with_changes(self._completed())
-        self._check_key_conflicts(entries)
-        parent = self.base.digest if self.base is not None else None
-        doc = ManifestDoc.build(entries, meta, parent)
-        fault("manifest.before_object")
-        digest = put_version(self._store.objects, doc)
-        fault("manifest.after_object")  # the version exists; the ref has not moved yet
-        self._store.refs.write("heads", self.name, digest)
-        fault("manifest.after_ref")
-        return Manifest(digest, doc, name=self.name)
+        completed = self._completed()
+        base, head = self.base, self._head
+        for attempt in range(_MAX_REBASES):
+            entries = (base.entries if base is not None else _EMPTY_ENTRIES).with_changes(completed)
+            self._check_key_conflicts(entries)
+            doc = ManifestDoc.build(entries, meta, base.digest if base is not None else None)
+            fault("manifest.before_object")
+            digest = put_version(self._store.objects, doc)
+            fault("manifest.after_object")  # the version exists; the ref has not moved yet
+            # A claim of the head's next position (refs/local.py): under a lock that works it never
+            # loses; where locks are granted to everyone another writer may have moved the head since
+            # we read it, and then our changes are re-applied on its version (docs/manifests.md).
+            if self._store.refs.swap("heads", self.name, digest, head):
+                fault("manifest.after_ref")
+                return Manifest(digest, doc, name=self.name)
+            time.sleep(random.random() * 0.0005 * min(attempt + 1, 20))  # losers spread out, not in lockstep
+            base, head, meta = self._rebase(meta)
+        raise LockTimeout(
+            f"manifest {self.name!r}: other writers moved it {_MAX_REBASES} times while this edit was being "
+            "committed; nothing was committed -- run the edit again"
+        )
+
+    def _rebase(self, meta: Dict[str, Any]) -> Tuple[Optional[Manifest], Optional[Ref], Dict[str, Any]]:
+        """The head another writer just made, its ref, and our metadata changes re-applied on it.
+
+        Blind: our entry changes and top-level metadata changes win over theirs, key by key;
+        a value we computed from the old base is not recomputed (docs/manifests.md).
+        """
+        refs = self._store.refs
+        if refs.get("pins", self.name) is not None:
+            raise FrozenError(f"{self.name!r} was frozen by another process while this edit was open; "
+                              "nothing was committed -- edit a new name")
+        head = refs.read("heads", self.name)
+        if head is None:
+            if self.base is not None:
+                raise ManifestNotFoundError(
+                    f"manifest {self.name!r} was removed or renamed by another process while this edit was "
+                    "open; nothing was committed -- edit it again to make it anew"
+                )
+            return None, None, meta
+        base = _load(self._store, head.digest, name=self.name)
+        ours = meta_diff(self.base.meta if self.base is not None else {}, meta)
+        merged = {k: v for k, v in base.meta.items() if k not in ours.removed}
+        merged.update(ours.added)
+        merged.update({k: new for k, (_old, new) in ours.changed.items()})
+        return base, head, canonical_map(merged, "manifest metadata")
+
+
+_MAX_REBASES = 1000
+"""Lost claims an edit re-applies before giving up: each loss means another edit of the name
+committed, so only a name edited by many others without pause can run an edit out of tries."""
 
 
 def _packed_meta(meta: Mapping[str, Any]) -> bytes:
@@ -342,11 +397,12 @@ class EditTransaction:
                     f"{self._name!r} is frozen (a pin) and can never change; "
                     f"edit a new name, e.g. store.edit({self._name + '-v2'!r})"
                 )
-            head = refs.get("heads", self._name)
+            head = refs.read("heads", self._name)
             if head is None:
                 check_new_name(self._name)
-            base = _load(self._store, head, name=self._name) if head is not None else None
+            base = _load(self._store, head.digest, name=self._name) if head is not None else None
             self.editor = ManifestEditor(self._store, self._name, base, self._allow_missing)
+            self.editor._head = head
             return self.editor
         except BaseException:
             self._lock.release()
@@ -871,13 +927,21 @@ def diff(store: Store, a: Union[Target, Manifest], b: Union[Target, Manifest]) -
     """Compare two manifests (names, digests or Manifest objects): entries, metadata, params, inputs."""
     ma = a if isinstance(a, Manifest) else read_manifest(store, a)
     mb = b if isinstance(b, Manifest) else read_manifest(store, b)
-    ea, eb = ma.entries, mb.entries
-    added = {k: eb[k] for k in eb if k not in ea}
-    removed = {k: ea[k] for k in ea if k not in eb}
-    changed = {k: (ea[k], eb[k]) for k in ea if k in eb and not ea.same(k, eb)}
+    added: Dict[str, Entry] = {}
+    removed: Dict[str, Entry] = {}
+    changed: Dict[str, Tuple[Entry, Entry]] = {}
+    # One merge of both sorted streams; tree-shaped versions skip the subtrees they share unread.
+    for k, x, y in ma.entries.diff_raw(mb.entries):
+        if x is None:
+            assert y is not None
+            added[k] = entry_from_raw(y)
+        elif y is None:
+            removed[k] = entry_from_raw(x)
+        else:
+            changed[k] = (entry_from_raw(x), entry_from_raw(y))
     entry_meta = {}
-    for k, (x, y) in changed.items():
-        md = meta_diff(x.meta, y.meta)
+    for k, (ex, ey) in changed.items():
+        md = meta_diff(ex.meta, ey.meta)
         if md:
             entry_meta[k] = md
     return Diff(added, removed, changed, meta_diff(ma.meta, mb.meta), entry_meta,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 from .._faults import fault
 from .._gclock import commit_lock
@@ -35,7 +35,7 @@ from ..errors import (
     RemoteConflictError,
     StoreFormatError,
 )
-from ..manifests.model import ManifestDoc, decode_manifest, load_manifest
+from ..manifests.model import ManifestDoc, decode_manifest, load_manifest, walk_tree
 from ..refs import validate_name
 from .merge import is_ancestor, merge_versions
 from .remotes import Remote, load_remotes, resolve_remote
@@ -50,8 +50,43 @@ MAX_MANIFEST_BYTES = 1 << 30
 """A manifest version larger than this is refused (a 100,000-entry manifest is about 10 MB)."""
 
 
+MAX_NODE_BYTES = 64 << 20
+"""A tree node larger than this is refused (a real one holds a few dozen entries: a few KiB)."""
+
+
+class _PullNodes:
+    """Where a pull reads tree nodes: local objects first, else the remote (verified, size-bounded).
+
+    Nodes fetched are only remembered here; they are stored (one batch,
+    children first) after every version and node of the pull was validated by
+    THE decoder, so a hostile remote leaves nothing behind.
+    """
+
+    def __init__(self, store: Store, rem: Remote) -> None:
+        self.local = store.objects
+        self.rem = rem
+        self.fetched: Dict[Digest, bytes] = {}
+        self.seen: Set[bytes] = set()  # nodes walked: a node shared by several versions is walked once
+
+    def read(self, digest: Digest, *, verify: bool = True) -> bytes:
+        """The node's bytes (a remote read is always verified)."""
+        got = self.fetched.get(digest)
+        if got is not None:
+            return got
+        if self.local.has(digest):
+            return self.local.read(digest, verify=verify)
+        data = self.rem.objects.read_at_most(digest, MAX_NODE_BYTES)  # hashed before it is returned
+        if data is None:
+            raise StoreFormatError(
+                f"{self.rem.describe()}: manifest tree node {self.rem.objects.url(digest)} is larger than "
+                f"{MAX_NODE_BYTES} bytes; refused (nothing of this pull was stored)"
+            )
+        self.fetched[digest] = data
+        return data
+
+
 def _remote_versions(store: Store, rem: Remote, d: Digest, *, history: bool,
-                     into: Dict[Digest, Tuple[bytes, ManifestDoc]]) -> ManifestDoc:
+                     into: Dict[Digest, Tuple[bytes, ManifestDoc]], nodes: _PullNodes) -> ManifestDoc:
     """Download and decode version ``d`` (and, with ``history``, its ancestors the remote has) into ``into``.
 
     Versions already local are read locally (and not added).  Nothing is
@@ -82,8 +117,13 @@ def _remote_versions(store: Store, rem: Remote, d: Digest, *, history: bool,
                     f"{rem.describe()}: manifest version {rem.objects.url(cur)} is larger than "
                     f"{MAX_MANIFEST_BYTES} bytes; refused (nothing of this pull was stored)"
                 )
-            doc = decode_manifest(data, cur)  # StoreFormatError on any hostile key or entry
+            doc = decode_manifest(data, cur, nodes)  # StoreFormatError on any hostile key or entry
             into[cur] = (data, doc)
+            if doc.entries.is_tree:
+                # Every node of a fetched version is fetched (unless local) and validated now, before
+                # anything is stored; nodes shared with a version already walked are skipped.
+                for _ in walk_tree(doc.entries, nodes.seen):
+                    pass
         if top is None:
             top = doc
         if not history:
@@ -194,11 +234,15 @@ def pull(store: Store, remote: Union[Remote, str], *names: str, merge: Union[boo
     #    before any is stored, so a hostile manifest leaves nothing behind.
     fetched: Dict[Digest, Tuple[bytes, ManifestDoc]] = {}
     content: Dict[Digest, Optional[int]] = {}
+    nodes = _PullNodes(store, rem)
     for kind, _name, d in targets:
-        doc = _remote_versions(store, rem, d, history=kind == "heads", into=fetched)
-        for e in doc.entries.values():
-            content[e.digest] = e.size
-    # Oldest first: a local version implies its ancestors are here too (as far as the remote had them).
+        doc = _remote_versions(store, rem, d, history=kind == "heads", into=fetched, nodes=nodes)
+        for _key, h, size in doc.entries.hex_items():
+            content[Digest(h)] = size
+    # Tree nodes first (one durable batch; reversed fetch order puts children before parents), then
+    # versions oldest first: a local version implies its nodes and ancestors are here too.
+    if nodes.fetched:
+        objects.put_many(list(reversed(nodes.fetched.values())), compress=False)
     for v in reversed(list(fetched)):
         objects.put(fetched[v][0], compress=False)
     versions = set(fetched) | {d for _, _, d in targets}

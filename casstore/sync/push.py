@@ -22,7 +22,7 @@ from .._faults import fault
 from .._progress import Progress
 from ..digest import Digest
 from ..errors import ObjectNotFoundError, RemoteConflictError
-from ..manifests.model import load_manifest
+from ..manifests.model import load_manifest, walk_tree
 from ..refs import validate_name
 from ..refs.base import Ref
 from .merge import is_ancestor, local_chain
@@ -119,13 +119,24 @@ def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = Fa
         # 2. The closures: version chains (heads carry their history) and entry objects.
         chains: Dict[Digest, List[Digest]] = {}
         content: Set[Digest] = set()
+        nodes_seen: Set[bytes] = set()
         for p in plans:
             chain = local_chain(objects, p.digest) if p.kind == "heads" else [p.digest]
             if not chain or not objects.has(p.digest):
                 raise ObjectNotFoundError(f"manifest version {p.digest} of {p.kind[:-1]} {p.name!r} is "
                                           f"missing from the store at {store.root}; nothing was pushed")
             chains[p.digest] = chain
-            content.update(e.digest for e in load_manifest(objects, p.digest).entries.values())
+            # Entries of the version pushed, and the tree nodes of every version of its chain: nodes
+            # travel with their versions (a remote version never names a missing node).  A node
+            # shared with one already walked is skipped with its subtree (history costs its changes).
+            for _key, h, _size in walk_tree(load_manifest(objects, p.digest).entries, nodes_seen):
+                content.add(Digest(h))
+            for v in chain[1:]:
+                entries = load_manifest(objects, v).entries
+                if entries.is_tree:
+                    for key, h, _size in walk_tree(entries, nodes_seen):
+                        if not key:
+                            content.add(Digest(h))
         versions = {v for c in chains.values() for v in c}
         content -= versions
         # 3. What the remote already has: a listing, never one request per object.
