@@ -21,6 +21,9 @@ import blake3
 import pytest
 import zstandard
 
+# The FUSE test filesystem's fixtures (fuse_mounts, fuse_dir): see tests/_fusefs.py.
+from _fusefs import fuse_dir, fuse_mounts  # noqa: F401
+
 import casstore
 
 PYTHON = sys.executable
@@ -146,8 +149,8 @@ def store(store_dir: Path) -> casstore.Store:
 
 @pytest.fixture
 def world_dir() -> Iterator[Path]:
-    """A directory under /tmp that uid 65534 can traverse (pytest's tmp_path cannot be)."""
-    d = Path(tempfile.mkdtemp(dir="/tmp", prefix="casstore-test-"))
+    """A directory under ``$TMPDIR`` (default /tmp) that uid 65534 can traverse (pytest's tmp_path cannot be)."""
+    d = Path(tempfile.mkdtemp(prefix="casstore-test-"))
     os.chmod(d, 0o755)
     try:
         yield d
@@ -158,7 +161,7 @@ def world_dir() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def big_file() -> Iterator[Tuple[Path, str]]:
     """256 MiB of random bytes on disk, created once per session; yields (path, digest)."""
-    d = Path(tempfile.mkdtemp(dir="/tmp", prefix="casstore-big-"))
+    d = Path(tempfile.mkdtemp(prefix="casstore-big-"))  # $TMPDIR, so the suite runs on any mount
     path = d / "big.bin"
     h = blake3.blake3(max_threads=blake3.blake3.AUTO)
     with open(path, "wb") as f:
