@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import BinaryIO, Dict, List, Optional, Union
+from typing import BinaryIO, Dict, List, Optional, Protocol, Union
 
 from .._layout import CONFIG_FILE
 from .._progress import Progress, human_bytes
@@ -125,6 +125,12 @@ def _check_put_args(files: List[str]) -> Dict[str, int]:
     return sizes
 
 
+class _Reader(Protocol):
+    """What ``get`` copies from: an object reader, or one that also counts for the progress bar."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
 def _output_error(out: Path, e: OSError) -> Union[OSError, CasstoreError]:
     """A typed one-liner naming ``-o FILE`` as given (not our temporary name beside it)."""
     msg = f"cannot write -o {out}: {e.strerror or e}"
@@ -135,7 +141,7 @@ def _output_error(out: Path, e: OSError) -> Union[OSError, CasstoreError]:
     return OSError(e.errno, e.strerror, str(out))
 
 
-def _write_output(src: BinaryIO, output: str) -> None:
+def _write_output(src: _Reader, output: str) -> None:
     """Copy ``src`` into the file ``output``: a new or regular file atomically, else in place.
 
     In place means opened for writing as ``cp`` would: a device or FIFO
@@ -195,20 +201,48 @@ def _is_stdout(path: Path) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def _write_stdout(src: BinaryIO) -> None:
+def _write_stdout(src: _Reader) -> None:
     if sys.stdout is None:  # started with stdout closed (`>&-`)
         raise InvalidInputError("stdout is closed; give -o FILE")
     shutil.copyfileobj(src, sys.stdout.buffer, 1 << 20)
     sys.stdout.buffer.flush()
 
 
+class _Counted:
+    """A reader that advances a progress bar by the bytes each ``read`` returns (``get``'s copy loop)."""
+
+    def __init__(self, src: BinaryIO, bar: Progress) -> None:
+        self.src = src
+        self.bar = bar
+
+    def read(self, n: int = -1) -> bytes:
+        """Read like ``src.read`` and count what came back."""
+        data = self.src.read(n)
+        self.bar.update(len(data))
+        return data
+
+
+def _stdout_is_regular_file() -> bool:
+    """``casstore get D > file``: stdout is a file, so a bar on the terminal's stderr garbles nothing."""
+    try:
+        return sys.stdout is not None and stat.S_ISREG(os.fstat(sys.stdout.fileno()).st_mode)
+    except (ValueError, OSError, AttributeError):
+        return False
+
+
 def cmd_get(args: argparse.Namespace) -> int:
     """``casstore get DIGEST [-o FILE]``: write an object's bytes (verified unless --no-verify)."""
     store = open_from_args(args, create=False)
     d = resolve_digest(store, args.digest)
-    with store.open(d, verify=not args.no_verify) as f:
-        if args.output and args.output != "-":
-            _write_output(f, args.output)
+    to_file = bool(args.output and args.output != "-")
+    # A bar (on a terminal's stderr only) when the bytes go to a file; never beside bytes going to a
+    # terminal or a pager, whose screen it would garble.
+    show = None if to_file or (args.output is None and _stdout_is_regular_file()) else False
+    with store.open(d, verify=not args.no_verify) as f, \
+            Progress(store.stat(d).size if show is None else 0, desc="get", enabled=show) as bar:
+        src: _Reader = f if show is False else _Counted(f, bar)
+        if to_file:
+            _write_output(src, args.output)
             return 0
         head = b""
         if args.output is None and _stdout_is_terminal():
@@ -220,7 +254,7 @@ def cmd_get(args: argparse.Namespace) -> int:
             if sys.stdout is None:  # started with stdout closed (`>&-`); not a terminal, so unreachable
                 raise InvalidInputError("stdout is closed; give -o FILE")
             sys.stdout.buffer.write(head)
-        _write_stdout(f)
+        _write_stdout(src)
     return 0
 
 
