@@ -47,11 +47,9 @@ byte is returned.
 
 from __future__ import annotations
 
-import bisect
 import errno
 import io
 import os
-import threading
 from typing import BinaryIO, Callable, Dict, List, Literal, Optional, Tuple, Union, cast
 
 try:
@@ -76,7 +74,6 @@ Info = Dict[str, object]
 
 _VERIFY = ("read", "full")
 _SKIP = 1 << 20  # scratch buffer for draining (verify="full") and skipping (compressed seeks)
-_INDEX_CACHE = 16  # sorted-key indexes kept, by manifest digest (immutable: never stale)
 
 
 class AmbiguousPathError(InvalidInputError):
@@ -210,8 +207,6 @@ class CasstoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec sh
         self.verify: Verify = verify
         """The default ``verify=`` of :meth:`open` and ranged :meth:`cat_file`."""
         super().__init__()
-        self._indexes: Dict[Digest, List[str]] = {}
-        self._index_lock = threading.Lock()
 
     # -- paths -----------------------------------------------------------------------------
 
@@ -243,6 +238,16 @@ class CasstoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec sh
 
     def _manifest(self, target: str) -> Optional[Manifest]:
         """The version ``target`` names, or ``None`` if it names none (not a name, malformed)."""
+        if "~" not in target and "@" not in target and not target.startswith("blake3:"):
+            # A plain name: two ref reads rule out most candidates before the facade's full
+            # resolution.  Heads before pins: freeze() writes the pin before it drops the head,
+            # so a name being frozen is seen in one or the other.
+            refs = self.store.refs
+            try:
+                if refs.get("heads", target) is None and refs.get("pins", target) is None:
+                    return None
+            except InvalidInputError:
+                return None
         try:
             return self.store.manifest(target)
         except ManifestNotFoundError:
@@ -250,25 +255,17 @@ class CasstoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec sh
         except InvalidInputError:  # not a valid name nor version spelling: names nothing
             return None
 
-    def _keys(self, m: Manifest) -> List[str]:
-        """The manifest's keys, sorted (cached per version digest: versions never change)."""
-        with self._index_lock:
-            keys = self._indexes.get(m.digest)
-        if keys is None:
-            keys = sorted(m.entries)
-            with self._index_lock:
-                while len(self._indexes) >= _INDEX_CACHE:
-                    del self._indexes[next(iter(self._indexes))]
-                self._indexes[m.digest] = keys
-        return keys
+    @staticmethod
+    def _after(m: Manifest, key: str) -> Optional[str]:
+        """The first key of ``m`` that is ``>= key`` (a range lookup; one node per level of a tree)."""
+        return m.entries.ceiling(key)
 
     def _has(self, m: Manifest, key: str) -> bool:
         """``key`` is a file or a directory of ``m``."""
         if key in m:
             return True
-        keys = self._keys(m)
-        i = bisect.bisect_left(keys, key + "/")
-        return i < len(keys) and keys[i].startswith(key + "/")
+        nxt = self._after(m, key + "/")
+        return nxt is not None and nxt.startswith(key + "/")
 
     def _resolve(self, p: str) -> Optional[_Resolved]:
         """Split a stripped path into (manifest, key) by the rule in the module docstring."""
@@ -359,17 +356,18 @@ class CasstoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec sh
             if r.key and not self._has(r.manifest, r.key):
                 raise _not_found(p, f"no key or directory {r.key!r} in {r.prefix.rstrip('/')!r}")
             base = r.key + "/" if r.key else ""
-            keys = self._keys(r.manifest)
-            i = bisect.bisect_left(keys, base)
-            while i < len(keys) and keys[i].startswith(base):
-                head, sep, _ = keys[i][len(base):].partition("/")
+            # Walk the children by range lookups, skipping each subdirectory's contents: a
+            # listing costs its children, not the manifest's size (versions can hold millions).
+            key = self._after(r.manifest, base)
+            while key is not None and key.startswith(base):
+                head, sep, _ = key[len(base):].partition("/")
                 child = r.prefix + base + head
                 if sep:
                     entries.setdefault(child, {"name": child, "size": 0, "type": "directory"})
-                    i = bisect.bisect_left(keys, base + head + "0")  # past base/head/...: '0' follows '/'
+                    key = self._after(r.manifest, base + head + "0")  # past base/head/...: '0' follows '/'
                 else:
-                    entries[child] = self._file_info(child, r.manifest, keys[i])
-                    i += 1
+                    entries[child] = self._file_info(child, r.manifest, key)
+                    key = self._after(r.manifest, key + "\x00")  # the next key: keys never hold NUL
         elif not entries and p:
             raise _not_found(p, f"no such name in the store at {self.store.root}; fs.ls('') lists names")
         out = [entries[k] for k in sorted(entries)]
