@@ -39,6 +39,50 @@ and their waiters time out after ``timeout`` seconds as before.  Hazard: the
 record is written by any process that can open the lock file (a shared store
 is group-writable), so it is parsed defensively and only ever shown, never
 trusted for a decision other than the message and the stall limit (capped).
+
+Locks that are missing or lie (issue 17).  How a lock is taken is a strategy
+object chosen per store (``configure``, from the ``lock_mode`` setting and a
+probe of the filesystem, ``_fsprobe.py``), never a branch on strings at each
+call: :class:`FlockStrategy` (``flock``, the fast path), :class:`PosixStrategy`
+(open-file-description fcntl locks, for mounts where only those are enforced)
+and :class:`LeaseStrategy`.  ENOSYS/EOPNOTSUPP/ENOLCK from a kernel lock is
+never a raw OSError: the store (or, for a lock outside any opened store, the
+mount) switches to leases at once and logs one warning per store.
+
+Leases: the holder of ``<lock>`` is whoever created ``<lock>.lease`` with
+``O_CREAT | O_EXCL`` (atomic on local filesystems and on NFSv3+, whatever the
+locks do).  The lease file holds the same JSON record as a heartbeat holder's
+lock file; a holder with ``heartbeat=`` beats the lease's mtime, one without
+writes ``"beats": false`` and holds it for milliseconds.  A waiter polls with
+the same back-off and judges the lease by what it *sees change*, on its own
+monotonic clock (no clock shared between hosts is assumed): a lease whose
+identity ``(inode, mtime, size)`` has not changed for three beat intervals
+(non-beating leases: :data:`LEASE_EXPIRY` seconds), or whose holder runs on
+this host and is dead, is stale.  Release removes the lease file.
+
+Taking over a stale lease, and why exactly one party can: every *end* of a
+lease -- its holder releasing it, or a waiter stealing it -- first wins the
+claim file ``<lock>.lease.end.<inode>.<n>`` with ``O_EXCL``, where ``inode``
+names the lease being ended.  Only the party holding the claim may remove or
+replace that lease, and while the lease exists nobody can create a new one
+(``O_EXCL`` on the lease path fails).  A stealer that won the claim then
+re-reads the lease: if its identity is still exactly the stale one it judged
+(same inode, mtime and size), nobody has touched it -- the holder cannot
+release it without the claim, a second stealer cannot win the claim, a new
+acquirer cannot create over it -- so it renames its own new lease file over
+it; otherwise it backs off.  Two stealers of one stale lease race for one
+``O_EXCL`` name: one wins, the other sees EEXIST and waits on the new lease.
+A holder whose release finds the claim taken knows it was presumed dead (it
+was stopped longer than the expiry), says so in a warning, and leaves the
+lease alone.  A claim whose creator died before finishing is older than
+:data:`LEASE_EXPIRY` (or names a dead local pid): the next claimant uses
+``n + 1``.  Hazard left open, as with every lease: a holder paused for longer
+than the expiry (SIGSTOP, a VM freeze) may be taken over while it still
+believes it holds the lock; heartbeat holders beat from a thread, so only a
+stopped process or a starved host gets there.  Leases are exclusive even when
+``shared=True`` is asked for (committers then serialize on the GC lock for
+the milliseconds they hold it; nesting a shared lock of the same file within
+one process would wait for itself -- casstore never does).
 """
 
 from __future__ import annotations
@@ -49,6 +93,7 @@ import json
 import logging
 import os
 import random
+import secrets
 import socket
 import threading
 import time
@@ -56,12 +101,15 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Optional, Tuple, Type
+from typing import Dict, List, Optional, Set, Tuple, Type
 
+from ._fsprobe import LOCK_UNSUPPORTED, ofd_lock, ofd_unlock, probe
 from ._shared import makedirs, share_new_file
 from .errors import LockTimeout, ReadOnlyError
 
-__all__ = ["FileLock", "DEFAULT_TIMEOUT", "BEAT_EVERY", "CHECK_EVERY", "Holder", "read_holder"]
+__all__ = ["FileLock", "DEFAULT_TIMEOUT", "BEAT_EVERY", "CHECK_EVERY", "Holder", "read_holder", "LEASE_EXPIRY",
+           "LockStrategy", "FlockStrategy", "PosixStrategy", "LeaseStrategy", "STRATEGIES", "configure",
+           "strategy_for", "degrade", "lease_path", "LocksUnsupported", "Filesystem", "filesystem"]
 
 log = logging.getLogger("casstore.lock")
 
@@ -78,6 +126,11 @@ _MIN_BEATS = 3.0  # a stall is at least this many missed beats, whatever the wai
 _MAX_EVERY = 60.0  # a hostile record cannot stretch the stall limit beyond 3 minutes
 _HOST = socket.gethostname()
 
+LEASE_EXPIRY = 30.0
+"""Seconds a lease whose holder does not beat (an edit, a pin: milliseconds) may stay unchanged before a
+waiter takes it over; a beating holder's lease is stale after three missed beats instead."""
+_MAX_CLAIMS = 8  # claim generations for one stale lease (each one only after the previous claimant died)
+
 # Locks this process holds.  A forked child closes its copies at once (without
 # unlocking, which would release the parent's lock too), so a DataLoader
 # worker or pool process started inside ``edit()`` or a ``derive`` fn can
@@ -87,6 +140,7 @@ _held: weakref.WeakSet[FileLock] = weakref.WeakSet()
 
 def _close_inherited_locks() -> None:
     for lk in list(_held):
+        lk._strategy = None  # the child holds nothing: its release must not unlock or remove a lease
         fd, lk._fd = lk._fd, -1
         if fd >= 0:
             try:
@@ -177,19 +231,46 @@ def _peek(path: Path, fd: int) -> Tuple[Tuple[int, int], Optional[Holder]]:
 
 
 def read_holder(path: Path) -> Optional[Holder]:
-    """The heartbeat record in the lock file at ``path``, or ``None`` (no heartbeat holder, or unreadable).
+    """The heartbeat record of the lock at ``path``, or ``None`` (no heartbeat holder, or unreadable).
 
-    A record can outlive its writer if it died (the lock is then free, or held
-    by someone else): check :meth:`Holder.alive` and whether the lock is held.
+    The record is in the lock file (kernel locks) or in its lease file
+    (``<path>.lease``, lease mode).  A record can outlive its writer if it died
+    (the lock is then free, or held by someone else): check
+    :meth:`Holder.alive` and whether the lock is held.
     """
+    for p in (path, lease_path(path)):
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            got = _peek(p, fd)[1]
+        finally:
+            os.close(fd)
+        if got is not None:
+            return got
+    return None
+
+
+def lease_path(path: Path) -> Path:
+    """The lease file of the lock at ``path`` (lease mode)."""
+    return path.with_name(path.name + ".lease")
+
+
+def _record(what: str, every: float, beats: bool) -> bytes:
+    doc = {"pid": os.getpid(), "host": _HOST, "started": time.time(), "every": every, "what": what[:200],
+           "beats": beats}
+    data = json.dumps(doc).encode("utf-8")[: _RECORD_SIZE - 1]
+    return data.ljust(_RECORD_SIZE - 1) + b"\n"
+
+
+def _beats(data: bytes) -> bool:
+    """Whether a record says its holder beats (kernel-lock records always do; hostile bytes: no)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        return _peek(path, fd)[1]
-    finally:
-        os.close(fd)
+        doc = json.loads(data.decode("utf-8").strip() or "null")
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and doc.get("beats", True) is True
 
 
 class _Beat:
@@ -218,20 +299,536 @@ class _Beat:
             self._thread.join()
 
 
-class FileLock:
-    """An exclusive (or shared) fcntl lock on ``path``, usable as a context manager.
+class LocksUnsupported(OSError):
+    """A kernel lock failed with ENOSYS/EOPNOTSUPP/ENOLCK: the caller switches to leases (never escapes)."""
 
-    ``timeout=None`` waits forever; ``0`` tries once.  Otherwise a waiter gives
-    up after ``timeout`` seconds *without a sign of life from the holder*: a
-    holder that beats (``heartbeat``) is waited for as long as it beats (see
-    the module docstring).  ``what`` describes the purpose in log lines and
-    errors ("manifest 'exp-42'").  ``heartbeat``: seconds between this
-    holder's beats while it holds the lock (exclusive locks only; ``None``:
-    no heartbeat, for locks held for milliseconds).
+
+class LockStrategy:
+    """How a :class:`FileLock` is taken and released: one object per kind of lock (see the module docstring)."""
+
+    name = "?"
+    """``flock``, ``posix`` or ``lease``: the ``lock_mode`` value that selects it."""
+
+    def acquire(self, lock: FileLock) -> None:
+        """Take ``lock`` (waiting as its timeout allows) or raise :class:`LockTimeout` / :class:`LocksUnsupported`."""
+        raise NotImplementedError
+
+    def release(self, lock: FileLock) -> None:
+        """Release ``lock``, which this strategy took."""
+        raise NotImplementedError
+
+
+class _KernelStrategy(LockStrategy):
+    """A lock the kernel keeps on the lock file (flock or OFD fcntl): dropped when its holder dies."""
+
+    def try_lock(self, fd: int, shared: bool) -> bool:
+        """One non-blocking attempt: True if taken, False if held elsewhere; OSError otherwise."""
+        raise NotImplementedError
+
+    def unlock(self, fd: int) -> None:
+        """Release the kernel lock on ``fd``."""
+        raise NotImplementedError
+
+    def acquire(self, lock: FileLock) -> None:
+        """Poll :meth:`try_lock` with a jittered back-off until taken or the holder showed no life for long."""
+        fd = lock._open()
+        w = _Wait(lock)
+        try:
+            while True:
+                try:
+                    if self.try_lock(fd, lock.shared):
+                        break
+                except OSError as e:
+                    if e.errno in LOCK_UNSUPPORTED:
+                        raise LocksUnsupported(e.errno, f"{self.name} locks: {e.strerror}") from None
+                    raise
+                now = time.monotonic()
+                if now >= w.next_check:
+                    sig, holder = _peek(lock.path, fd)
+                    w.saw(sig, holder, now)
+                w.pause(now)
+        except BaseException:
+            os.close(fd)
+            raise
+        lock._fd = fd
+        lock._pid = os.getpid()
+        lock._strategy = self
+        _held.add(lock)
+        if not lock.shared:
+            lock._announce(fd)
+
+    def release(self, lock: FileLock) -> None:
+        """Clear the holder record, unlock explicitly (a forked child may share the description), close."""
+        fd = lock._end_beat()
+        if fd < 0:
+            return
+        try:
+            if os.getpid() == lock._pid:
+                if lock._record:
+                    lock._record = False
+                    try:
+                        os.ftruncate(fd, 0)  # the record describes a holder: we are done holding
+                    except OSError:  # pragma: no cover
+                        pass
+                self.unlock(fd)
+        finally:
+            os.close(fd)
+
+
+class FlockStrategy(_KernelStrategy):
+    """``flock(2)``: per open file description, released by the kernel when the holder dies."""
+
+    name = "flock"
+
+    def try_lock(self, fd: int, shared: bool) -> bool:
+        """One ``LOCK_NB`` attempt."""
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                return False
+            raise
+        return True
+
+    def unlock(self, fd: int) -> None:
+        """``LOCK_UN``."""
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+class PosixStrategy(_KernelStrategy):
+    """Open-file-description fcntl locks (``F_OFD_SETLK``): what NFS and some cluster filesystems
+    enforce when ``flock`` is missing or only local.  Per open file description like flock, so the
+    hazards of classic POSIX locks (shared by a whole process, dropped by any close) do not apply."""
+
+    name = "posix"
+
+    def try_lock(self, fd: int, shared: bool) -> bool:
+        """One ``F_OFD_SETLK`` attempt."""
+        return ofd_lock(fd, shared)
+
+    def unlock(self, fd: int) -> None:
+        """``F_UNLCK``."""
+        ofd_unlock(fd)
+
+
+class LeaseStrategy(LockStrategy):
+    """Exclusive-create lease files with holder, heartbeat and expiry (module docstring: "Leases")."""
+
+    name = "lease"
+
+    def acquire(self, lock: FileLock) -> None:
+        """Create the lease, or wait for it (taking over a stale one, exactly one waiter winning)."""
+        lease = lease_path(lock.path)
+        w = _Wait(lock)
+        seen: Optional[Tuple[int, int, int]] = None
+        changed = w.start
+        while True:
+            fd = self._create(lock, lease)
+            if fd is None:  # a shared lock on a read-only store: nothing to exclude, nothing to hold
+                lock._pid = os.getpid()
+                lock._strategy = self
+                return
+            if fd >= 0:
+                self._hold(lock, fd)
+                return
+            now = time.monotonic()
+            sig, holder, beats = _look(lease)
+            if sig is None:  # released between our create and our look (or unreadable: the timeout applies)
+                w.pause(now)
+                continue
+            if sig != seen:
+                seen, changed = sig, now
+            if now >= w.next_check:
+                w.saw(sig[1:], holder if beats else None, now)
+            stale_after = _MIN_BEATS * holder.every if holder is not None else LEASE_EXPIRY
+            if (holder is not None and holder.alive() is False) or now - changed >= stale_after:
+                if self._steal(lock, lease, sig, holder):
+                    return
+            w.pause(now)
+
+    @staticmethod
+    def _create(lock: FileLock, lease: Path) -> Optional[int]:
+        """The new lease's descriptor, -1 if one exists, None for a shared lock that cannot write here."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            try:
+                fd = os.open(lease, flags, lock.mode)
+            except FileNotFoundError:
+                makedirs(lease.parent)
+                fd = os.open(lease, flags, lock.mode)
+        except FileExistsError:
+            return -1
+        except OSError as e:
+            if not isinstance(e, PermissionError) and e.errno != errno.EROFS:
+                raise
+            if lock.shared:
+                return None
+            raise ReadOnlyError(
+                f"cannot create lease file {lease}: {e.strerror}; the store is read-only for this process"
+            ) from None
+        share_new_file(fd, lease.parent)
+        return fd
+
+    def _hold(self, lock: FileLock, fd: int) -> None:
+        """Write our record into the lease open as ``fd`` and start beating if asked."""
+        try:
+            beats = lock.heartbeat is not None
+            every = min(max(float(lock.heartbeat), 0.01), _MAX_EVERY) if lock.heartbeat is not None \
+                else LEASE_EXPIRY / _MIN_BEATS
+            os.pwrite(fd, _record(lock.what, every, beats), 0)
+            lock._lease_ino = os.fstat(fd).st_ino
+        except BaseException:
+            os.close(fd)
+            raise
+        lock._fd = fd
+        lock._pid = os.getpid()
+        lock._strategy = self
+        _held.add(lock)
+        if beats:
+            lock._beat = _Beat(fd, every)
+
+    def _steal(self, lock: FileLock, lease: Path, sig: Tuple[int, int, int], holder: Optional[Holder]) -> bool:
+        """Replace the stale lease ``sig`` by ours; False if someone else ends it or it showed life."""
+        claims = _claim(lease, sig[0])
+        if claims is None:
+            return False
+        try:
+            now_sig, _, _ = _look(lease)
+            if now_sig != sig:
+                return False  # released, beaten or replaced since we judged it: not ours to end
+            tmp = lease.with_name(f"{lease.name}.new.{os.getpid()}.{secrets.token_hex(4)}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, lock.mode)
+            try:
+                share_new_file(fd, lease.parent)
+                os.rename(tmp, lease)  # we hold the claim: the stale lease is still exactly there
+            except BaseException:
+                os.close(fd)
+                _unlink(tmp)
+                raise
+            self._hold(lock, fd)
+        finally:
+            for c in claims:
+                _unlink(c)
+        who = holder.describe() if holder is not None else "a holder that wrote no record"
+        log.warning("took over the stale lease on %s (%s) from %s: %s", lock.what, lease, who,
+                    "its process is dead" if holder is not None and holder.alive() is False
+                    else "it showed no sign of life within the lease expiry")
+        return True
+
+    def release(self, lock: FileLock) -> None:
+        """Remove our lease file -- after winning its end claim, so a stealer cannot replace it meanwhile."""
+        fd = lock._end_beat()
+        if fd < 0:  # the read-only shared no-op hold
+            return
+        try:
+            if os.getpid() != lock._pid:
+                return
+            lease = lease_path(lock.path)
+            ino = lock._lease_ino
+            claim = Path(f"{lease}.end.{ino}.0")
+            try:
+                cfd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+            except FileExistsError:
+                log.warning("the lease on %s (%s) was taken over while this process held it (it was presumed "
+                            "dead: stopped longer than the lease expiry?); the work done under it may have "
+                            "overlapped another process's", lock.what, lease)
+                return
+            except OSError:
+                return  # the directory went away: nothing left to release
+            os.close(cfd)
+            try:
+                st = os.stat(lease)
+                if st.st_ino == ino:
+                    os.unlink(lease)
+            except FileNotFoundError:
+                pass
+            finally:
+                _unlink(claim)
+        finally:
+            os.close(fd)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _look(lease: Path) -> Tuple[Optional[Tuple[int, int, int]], Optional[Holder], bool]:
+    """(inode, mtime_ns, size) of the lease, its holder record and whether that holder beats."""
+    try:
+        fd = os.open(lease, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None, None, False
+    try:
+        st = os.fstat(fd)
+        data = os.pread(fd, _RECORD_SIZE, 0) if st.st_size else b""
+    except OSError:
+        return None, None, False
+    finally:
+        os.close(fd)
+    return (st.st_ino, st.st_mtime_ns, st.st_size), _parse_holder(data, st.st_mtime_ns / 1e9), _beats(data)
+
+
+def _claim(lease: Path, ino: int) -> Optional[List[Path]]:
+    """Win the right to end the lease with inode ``ino``: the claim files to remove afterwards, or None."""
+    made: List[Path] = []
+    for n in range(_MAX_CLAIMS):
+        c = Path(f"{lease}.end.{ino}.{n}")
+        made.append(c)
+        try:
+            fd = os.open(c, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except FileExistsError:
+            try:
+                rfd = os.open(c, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+                try:
+                    st = os.fstat(rfd)
+                    owner = _parse_holder(os.pread(rfd, _RECORD_SIZE, 0), st.st_mtime)
+                finally:
+                    os.close(rfd)
+            except OSError:
+                return None
+            # A claim lives for a few syscalls: one much older than the expiry (the file system's clock,
+            # compared generously) or naming a dead local pid was left by a claimant that died.
+            dead = owner is not None and owner.alive() is False
+            if dead or time.time() - st.st_mtime > 2 * LEASE_EXPIRY:
+                continue
+            return None
+        except OSError:
+            return None
+        try:
+            os.pwrite(fd, _record("lease claim", 1.0, False), 0)
+        finally:
+            os.close(fd)
+        return made
+    return None
+
+
+class _Wait:
+    """A waiter's clock: when the holder last showed life, the timeout, progress logs and back-off."""
+
+    __slots__ = ("lock", "start", "next_log", "delay", "last_life", "seen", "holder", "next_check")
+
+    def __init__(self, lock: FileLock) -> None:
+        self.lock = lock
+        self.start = time.monotonic()
+        self.next_log = self.start + lock.log_every
+        self.delay = 0.0002
+        self.last_life = self.start  # when the holder last showed life, as this waiter saw it
+        self.seen: Optional[Tuple[int, int]] = None
+        self.holder: Optional[Holder] = None
+        self.next_check = self.start
+
+    def saw(self, sig: Tuple[int, int], holder: Optional[Holder], now: float) -> None:
+        """Note what the lock's record looks like now (a change is a sign of life)."""
+        if self.seen is not None and sig != self.seen:
+            self.last_life = now  # a beat, or the lock changed hands
+        self.seen = sig
+        self.holder = holder
+        self.next_check = now + CHECK_EVERY
+
+    def pause(self, now: float) -> None:
+        """Raise LockTimeout if the holder showed no life for too long; else log if due and sleep."""
+        lock = self.lock
+        limit = lock._limit(self.holder)
+        if limit is not None and now - self.last_life >= limit:
+            raise lock._timed_out(self.holder, now - self.start)
+        if now >= self.next_log:
+            log.warning("still waiting for the lock on %s (%s) after %.0fs%s", lock.what, lock.path,
+                        now - self.start, lock._holder_note(self.holder))
+            self.next_log = now + lock.log_every
+        sleep = self.delay * (0.5 + random.random())
+        if limit is not None:
+            sleep = min(sleep, max(0.0, self.last_life + limit - now))
+        time.sleep(sleep)
+        # 5 ms keeps short waits (edits) fair; after a second the holder is doing real work
+        # (a fetch, a derive) and 7 waiting ranks polling 200 times a second each would take
+        # CPU from it on a small machine: 25 ms (40 polls/s) costs at most 25 ms at hand-over.
+        self.delay = min(self.delay * 2, 0.005 if now - self.start < 1.0 else 0.025)
+
+
+STRATEGIES: Dict[str, LockStrategy] = {"flock": FlockStrategy(), "posix": PosixStrategy(),
+                                       "lease": LeaseStrategy()}
+"""``lock_mode`` -> the strategy object (``none`` in the setting means ``lease``)."""
+
+# Which strategy guards which directory.  Every process that shares a store must pick the same kind
+# (a flock holder and a lease holder do not exclude each other): the probe gives every process on a
+# host the same answer, the setting is the same for a job, and a runtime ENOSYS hits all of them.
+_roots: Dict[str, str] = {}  # store root -> mode (configure(), degrade())
+_devs: Dict[int, str] = {}  # st_dev -> mode, for lock files outside any configured store
+_dirs: Dict[str, Tuple[str, str]] = {}  # lock file's directory -> (mode, key), memo of the walk below
+_warned: Set[str] = set()
+_guard = threading.Lock()
+
+
+def _warn(key: str, text: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("%s", text)
+
+
+def configure(root: Path, setting: str = "auto") -> str:
+    """Choose the lock kind for the store at ``root`` (``setting``: ``auto``, ``flock``, ``posix``,
+    ``lease`` or ``none``) and return it; ``auto`` probes ``root/locks`` once per mount.  Warns once
+    per store when locks are missing or not enforced and leases are used instead."""
+    mode = "lease" if setting == "none" else setting
+    if mode not in STRATEGIES and mode != "auto":
+        raise ValueError(f"lock_mode must be auto, flock, posix, lease or none, not {setting!r}")
+    key = str(root)
+    with _guard:
+        known = _roots.get(key)
+        if known == "lease" and setting == "auto":
+            return known  # degraded at runtime already: never go back within this process
+    if mode == "auto":
+        where = root / "locks"
+        info = probe(where if where.is_dir() else root)
+        mode = info.lock_mode
+        if mode == "lease":
+            _warn(key, f"casstore: locks on {info.fstype} at {root} are not usable ({info.reason()}); "
+                       "using lease files instead (slower, see docs/filesystems.md; `casstore doctor` explains)")
+    with _guard:
+        _roots[key] = mode
+        _dirs.clear()
+    return mode
+
+
+def _walk(parent: Path) -> Tuple[str, str]:
+    for p in (parent, *parent.parents):
+        mode = _roots.get(str(p))
+        if mode is not None:
+            return mode, str(p)
+    existing = parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        dev = os.stat(existing).st_dev
+    except OSError:
+        return "flock", "?"
+    mode = _devs.get(dev)
+    if mode is None:
+        info = probe(existing)
+        mode = _setting() or info.lock_mode
+        _devs[dev] = mode
+        if mode == "lease":
+            _warn(f"dev {dev}", f"casstore: locks on {info.fstype} ({info.mount}) are not usable "
+                                f"({info.reason()}); using lease files instead (docs/filesystems.md)")
+    return mode, f"dev {dev}"
+
+
+def _setting() -> Optional[str]:
+    """A forced ``lock_mode`` from this process's settings, for a store this process did not open
+    through ``casstore.open`` (a Store unpickled in a spawned worker): it must lock as its parent."""
+    from .errors import CasstoreError
+    from .settings import current
+
+    try:
+        mode = current().lock_mode
+    except CasstoreError:  # a bad settings file is reported by casstore.open, not by a lock
+        return None
+    return None if mode == "auto" else mode
+
+
+@dataclass(frozen=True, slots=True)
+class Filesystem:
+    """What casstore knows about a store's filesystem and what it does about it (``casstore doctor``)."""
+
+    root: str
+    """The store directory."""
+    fstype: str
+    """Filesystem type (``ext4``, ``nfs4``, ``fuse.sshfs``...) or ``?``."""
+    mount: str
+    """Mount point or ``?``."""
+    flock: str
+    """``enforced``, ``not enforced``, ``missing`` or ``unknown``."""
+    posix: str
+    """Open-file-description fcntl locks: ``enforced``, ``not enforced``, ``missing`` or ``unknown``."""
+    hardlinks: str
+    """``ok``, ``wrong link count``, ``missing`` or ``unknown``."""
+    reflink: str
+    """``yes``, ``no`` or ``unknown``."""
+    setting: str
+    """The ``lock_mode`` setting (``auto`` unless forced)."""
+    lock_mode: str
+    """What this process uses for the store's locks: ``flock``, ``posix`` or ``lease``."""
+    actions: Tuple[str, ...]
+    """One sentence per finding: what casstore does about it."""
+
+    def as_dict(self) -> Dict[str, object]:
+        """JSON-able form (``casstore doctor --json``, ``stats --json``)."""
+        return {"root": self.root, "fstype": self.fstype, "mount": self.mount, "flock": self.flock,
+                "posix": self.posix, "hardlinks": self.hardlinks, "reflink": self.reflink,
+                "setting": self.setting, "lock_mode": self.lock_mode, "actions": list(self.actions)}
+
+
+def filesystem(root: Path, setting: str = "auto") -> Filesystem:
+    """Probe (again) the filesystem of the store at ``root`` and say what casstore does there."""
+    where = root / "locks"
+    info = probe(where if where.is_dir() else root, fresh=True)
+    mode = _roots.get(str(root)) or configure(root, setting)
+    acts: List[str] = []
+    if mode == "flock":
+        acts.append("locks: flock (enforced between processes: the fast path)" if info.flock == "enforced"
+                    else f"locks: flock (forced or unprobed; the probe says flock is {info.flock})")
+    elif mode == "posix":
+        acts.append(f"locks: fcntl OFD locks (flock is {info.flock} here)")
+    else:
+        acts.append(f"locks: lease files beside each lock (flock {info.flock}, fcntl {info.posix}): exclusive "
+                    f"create, heartbeat, takeover of a dead holder's lease after at most {LEASE_EXPIRY:g}s")
+    if setting == "auto" and mode != "lease":
+        acts.append("locks enforced only within one host (NFS local_lock, Lustre localflock) pass this probe: "
+                    "if processes on several hosts share this store there, set lock_mode = \"lease\"")
+    if info.hardlinks != "ok":
+        acts.append(f"hard links: {info.hardlinks} -- link counts are not trusted; objects are published by rename")
+    acts.append("reflink: yes -- checkout link=reflink clones objects without copying" if info.reflink == "yes"
+                else f"reflink: {info.reflink} -- checkout copies (link=reflink raises here)")
+    return Filesystem(str(root), info.fstype, info.mount, info.flock, info.posix, info.hardlinks, info.reflink,
+                      setting, mode, tuple(acts))
+
+
+def strategy_for(path: Path) -> Tuple[LockStrategy, str]:
+    """The strategy guarding the lock file ``path``, and the key (store root or device) it was chosen for."""
+    d = str(path.parent)
+    hit = _dirs.get(d)
+    if hit is None:
+        with _guard:
+            hit = _walk(path.parent)
+            _dirs[d] = hit
+    return STRATEGIES[hit[0]], hit[1]
+
+
+def degrade(key: str, path: Path, err: BaseException) -> None:
+    """A kernel lock failed as unsupported under ``key``: switch that store (or device) to leases, warn once."""
+    with _guard:
+        if key.startswith("dev "):
+            try:
+                _devs[int(key[4:])] = "lease"
+            except ValueError:  # "?": the directory could not be looked at
+                pass
+        else:
+            _roots[key] = "lease"
+        _dirs.clear()
+        _dirs[str(path.parent)] = ("lease", key)
+    _warn(key, f"casstore: locking {path} failed ({err}); the filesystem has no such locks -- using lease "
+               "files for this store from now on (see docs/filesystems.md; set lock_mode to choose)")
+
+
+class FileLock:
+    """An exclusive (or shared) lock on ``path``, usable as a context manager.
+
+    The kind of lock (flock, OFD fcntl, or a lease file) is the store's
+    strategy (:func:`strategy_for`; module docstring).  ``timeout=None`` waits
+    forever; ``0`` tries once.  Otherwise a waiter gives up after ``timeout``
+    seconds *without a sign of life from the holder*: a holder that beats
+    (``heartbeat``) is waited for as long as it beats (see the module
+    docstring).  ``what`` describes the purpose in log lines and errors
+    ("manifest 'exp-42'").  ``heartbeat``: seconds between this holder's beats
+    while it holds the lock (exclusive locks only; ``None``: no heartbeat, for
+    locks held for milliseconds).
     """
 
     __slots__ = ("path", "timeout", "what", "shared", "log_every", "heartbeat", "_fd", "mode", "_pid", "_beat",
-                 "_record", "__weakref__")
+                 "_record", "_strategy", "_lease_ino", "__weakref__")
 
     def __init__(self, path: Path, *, timeout: Optional[float] = DEFAULT_TIMEOUT, what: str = "",
                  shared: bool = False, log_every: float = 10.0, mode: int = 0o666,
@@ -247,11 +844,18 @@ class FileLock:
         self._pid = 0
         self._beat: Optional[_Beat] = None
         self._record = False
+        self._strategy: Optional[LockStrategy] = None
+        self._lease_ino = 0
 
     @property
     def held(self) -> bool:
         """Whether this object currently holds the lock."""
-        return self._fd >= 0
+        return self._strategy is not None
+
+    @property
+    def kind(self) -> str:
+        """``flock``, ``posix`` or ``lease`` while held; ``""`` otherwise."""
+        return self._strategy.name if self._strategy is not None else ""
 
     def _open(self) -> int:
         try:
@@ -277,56 +881,15 @@ class FileLock:
 
     def acquire(self) -> FileLock:
         """Take the lock or raise :class:`LockTimeout` once the holder showed no life for ``timeout`` s."""
-        if self._fd >= 0:
+        if self._strategy is not None:
             raise RuntimeError(f"lock {self.path} is already held by this object")
-        fd = self._open()
-        op = (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
-        start = time.monotonic()
-        next_log = start + self.log_every
-        delay = 0.0002
-        last_life = start  # when the holder last showed life, as this waiter saw it
-        seen: Optional[Tuple[int, int]] = None
-        holder: Optional[Holder] = None
-        next_check = start
+        strategy, key = strategy_for(self.path)
         try:
-            while True:
-                try:
-                    fcntl.flock(fd, op)
-                    self._fd = fd
-                    self._pid = os.getpid()
-                    _held.add(self)
-                    if not self.shared:
-                        self._announce(fd)
-                    return self
-                except OSError as e:
-                    if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                        raise
-                now = time.monotonic()
-                if now >= next_check:
-                    sig, holder = _peek(self.path, fd)
-                    if seen is not None and sig != seen:
-                        last_life = now  # a beat, or the lock changed hands
-                    seen = sig
-                    next_check = now + CHECK_EVERY
-                limit = self._limit(holder)
-                if limit is not None and now - last_life >= limit:
-                    raise self._timed_out(holder, now - start)
-                if now >= next_log:
-                    log.warning("still waiting for the lock on %s (%s) after %.0fs%s", self.what, self.path,
-                                now - start, self._holder_note(holder))
-                    next_log = now + self.log_every
-                sleep = delay * (0.5 + random.random())
-                if limit is not None:
-                    sleep = min(sleep, max(0.0, last_life + limit - now))
-                time.sleep(sleep)
-                # 5 ms keeps short waits (edits) fair; after a second the holder is doing real work
-                # (a fetch, a derive) and 7 waiting ranks polling 200 times a second each would take
-                # CPU from it on a small machine: 25 ms (40 polls/s) costs at most 25 ms at hand-over.
-                delay = min(delay * 2, 0.005 if now - start < 1.0 else 0.025)
-        except BaseException:
-            if self._fd < 0:
-                os.close(fd)
-            raise
+            strategy.acquire(self)
+        except LocksUnsupported as e:
+            degrade(key, self.path, e)
+            STRATEGIES["lease"].acquire(self)
+        return self
 
     def _limit(self, holder: Optional[Holder]) -> Optional[float]:
         """Seconds without life before giving up (``None``: never)."""
@@ -345,7 +908,7 @@ class FileLock:
         if holder is None:
             return LockTimeout(
                 f"{head}; another process holds it (it records no heartbeat) -- wait, or find and stop it "
-                f"(e.g. `fuser {self.path}`)"
+                f"(e.g. `fuser {self.path}`, or the pid in {lease_path(self.path)} in lease mode)"
             )
         ago = max(0.0, time.time() - holder.beat)
         if holder.alive() is False:
@@ -361,46 +924,37 @@ class FileLock:
         )
 
     def _announce(self, fd: int) -> None:
-        """Write (heartbeat) or clear (no heartbeat) the holder record, and start beating."""
+        """Write (heartbeat) or clear (no heartbeat) the holder record in the lock file, and start beating."""
         try:
             if self.heartbeat is None:
                 if os.fstat(fd).st_size:  # a dead heartbeat holder's record must not describe us
                     os.ftruncate(fd, 0)
                 return
             every = min(max(float(self.heartbeat), 0.01), _MAX_EVERY)
-            doc = {"pid": os.getpid(), "host": _HOST, "started": time.time(), "every": every,
-                   "what": self.what[:200]}
-            data = json.dumps(doc).encode("utf-8")[: _RECORD_SIZE - 1]
-            os.pwrite(fd, data.ljust(_RECORD_SIZE - 1) + b"\n", 0)
+            os.pwrite(fd, _record(self.what, every, True), 0)
             os.ftruncate(fd, _RECORD_SIZE)
             self._record = True
             self._beat = _Beat(fd, every)
         except OSError as e:  # a read-only lock file (shared store of another user): no record, no beats
             log.debug("no heartbeat record for %s: %s", self.path, e)
 
-    def release(self) -> None:
-        """Release the lock: unlock explicitly, then close.
+    def _end_beat(self) -> int:
+        """Stop beating and forget the descriptor (returned, for the strategy to release and close)."""
+        beat, self._beat = self._beat, None
+        if beat is not None:
+            beat.stop()  # before the close: it must never touch a reused descriptor
+        fd, self._fd = self._fd, -1
+        self._strategy = None
+        _held.discard(self)
+        return fd
 
-        Closing alone is not enough: a child forked while the lock was held
-        shares the open file description, and the flock would live on in it.
-        """
-        if self._fd >= 0:
-            beat, self._beat = self._beat, None
-            if beat is not None:
-                beat.stop()  # before the close: it must never touch a reused descriptor
-            fd, self._fd = self._fd, -1
-            _held.discard(self)
-            try:
-                if os.getpid() == self._pid:
-                    if self._record:
-                        self._record = False
-                        try:
-                            os.ftruncate(fd, 0)  # the record describes a holder: we are done holding
-                        except OSError:  # pragma: no cover
-                            pass
-                    fcntl.flock(fd, fcntl.LOCK_UN)
-            finally:
-                os.close(fd)
+    def release(self) -> None:
+        """Release the lock.  Kernel locks unlock explicitly, then close: closing alone is not enough,
+        a child forked while the lock was held shares the open file description.  Leases remove
+        their file (see the module docstring)."""
+        strategy = self._strategy
+        if strategy is not None:
+            strategy.release(self)
 
     def __enter__(self) -> FileLock:
         return self.acquire()

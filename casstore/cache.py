@@ -60,7 +60,8 @@ from xxhash import xxh3_64_intdigest as _xxh3
 from ._faults import fault
 from ._fs import disk_full, process_token, start_writeback
 from ._fs import pwrite_all as _pwrite_all
-from ._lock import DEFAULT_TIMEOUT
+from ._fsprobe import LOCK_UNSUPPORTED, ofd_lock, ofd_unlock
+from ._lock import DEFAULT_TIMEOUT, FileLock, degrade, strategy_for
 from .digest import Digest, hash_fd
 from .errors import (
     CacheIndexError,
@@ -242,12 +243,44 @@ def _pread_all(fd: int, n: int, off: int) -> bytes:
     return b"".join(parts)
 
 
-def _remove_tree(path: str, owner: int, follower: Optional[_Follower] = None) -> None:
-    """Finalizer of a live cache: only the creating process removes its directory."""
-    if os.getpid() == owner:
-        if follower is not None:
-            follower.close()
-        shutil.rmtree(path, ignore_errors=True)
+class _Res:
+    """Every descriptor and helper a cache holds, apart from the cache object itself.
+
+    Issue 17: a cache dropped without ``close()`` kept its descriptors (20 caches
+    left 60 open on deleted files; on FUSE the directory then cannot be removed).
+    The cache's ``weakref.finalize`` holds this object, never the cache, and
+    :func:`_release` closes everything in it; ``close()`` runs the same finalizer,
+    so each descriptor is closed exactly once (a second close could hit a number
+    the process has reused meanwhile).  Maps need no entry: an mmap closes itself
+    when the last reference to it goes.
+    """
+
+    __slots__ = ("ifd", "ffd", "proc", "follower", "dir", "owner")
+
+    def __init__(self, proc: _Proc) -> None:
+        self.ifd = -1
+        self.ffd = -1
+        self.proc = proc
+        self.follower: Optional[_Follower] = None
+        self.dir: Optional[str] = None
+        self.owner = -1
+
+
+def _release(res: _Res) -> None:
+    """Finalizer of every cache: close its descriptors; in the creating process remove a live cache's directory."""
+    for attr in ("ffd", "ifd"):
+        fd = getattr(res, attr)
+        setattr(res, attr, -1)
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:  # pragma: no cover
+                pass
+    res.proc.close()  # in a forked child: only the child's copies
+    if res.follower is not None:
+        res.follower.close()
+    if res.dir is not None and os.getpid() == res.owner:
+        shutil.rmtree(res.dir, ignore_errors=True)
 
 
 _FOLLOW_STEP = 8 << 20  # hash (and start writing back) the data file in steps of this many bytes
@@ -428,11 +461,14 @@ def _open_private(path: Path) -> int:
 class _Proc:
     """What one process owns of a live cache: its lock descriptor and its data file."""
 
-    __slots__ = ("pid", "tlock", "lock_fd", "wfd", "rfds")
+    __slots__ = ("pid", "tlock", "lock_fd", "wfd", "rfds", "mode", "key", "lease")
 
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.tlock = threading.Lock()  # threads of this process share one flock (same descriptor)
+        self.mode = ""  # the store's lock strategy (flock, posix, lease), chosen at the first lock
+        self.key = "?"
+        self.lease: Optional[FileLock] = None  # lease path: the cache's lock as a lease file
         self.lock_fd = -1
         self.wfd = -1
         self.rfds: Dict[int, int] = {}
@@ -489,15 +525,46 @@ class IndexCache:
 
     __slots__ = (
         "store", "length", "max_bytes", "verify_mode", "lock_timeout", "name", "digest",
-        "_dir", "_owner", "_imm", "_ifd", "_proc", "_fmm", "_fq", "_fcheck", "_ffd", "_fpath",
+        "_dir", "_owner", "_imm", "_res", "_fmm", "_fq", "_fcheck", "_fpath",
         "_fcount", "_ftotal", "_finalizer", "_manifest_digest", "_qo", "_qe", "_qs", "_qm", "_seen", "_ffmt",
-        "_follower",
         "__weakref__",
     )
     _dir: Optional[Path]
     _imm: Any
-    _finalizer: Optional[weakref.finalize[Any, Any]]
-    _follower: Optional[_Follower]
+    _finalizer: weakref.finalize[Any, Any]
+
+    # Descriptors live in self._res, which the finalizer closes even if close() is never called.
+    @property
+    def _ifd(self) -> int:
+        return self._res.ifd
+
+    @_ifd.setter
+    def _ifd(self, fd: int) -> None:
+        self._res.ifd = fd
+
+    @property
+    def _ffd(self) -> int:
+        return self._res.ffd
+
+    @_ffd.setter
+    def _ffd(self, fd: int) -> None:
+        self._res.ffd = fd
+
+    @property
+    def _proc(self) -> _Proc:
+        return self._res.proc
+
+    @_proc.setter
+    def _proc(self, p: _Proc) -> None:
+        self._res.proc = p
+
+    @property
+    def _follower(self) -> Optional[_Follower]:
+        return self._res.follower
+
+    @_follower.setter
+    def _follower(self, f: Optional[_Follower]) -> None:
+        self._res.follower = f
 
     def __init__(self, store: Store, length: int, *,
                  max_bytes: Optional[int] = None, verify: str = DEFAULT_VERIFY,
@@ -516,7 +583,7 @@ class IndexCache:
             raise disk_full(e, root_tmp, "creating an index cache") from None
         self._dir = d
         self._owner = os.getpid()
-        self._finalizer = weakref.finalize(self, _remove_tree, str(d), self._owner)
+        self._res.dir, self._res.owner = str(d), self._owner
         try:
             fd = os.open(d / "index", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             self._ifd = fd
@@ -531,8 +598,6 @@ class IndexCache:
             finally:
                 os.close(dfd)
             self._follower = _Follower(d / _DATA, d / "index", self.store.objects.durable)
-            self._finalizer.detach()
-            self._finalizer = weakref.finalize(self, _remove_tree, str(d), self._owner, self._follower)
         except OSError as e:
             self.close()
             raise disk_full(e, root_tmp, "creating an index cache") from None
@@ -568,8 +633,6 @@ class IndexCache:
         self._dir = None
         self._owner = -1
         self._imm = None
-        self._ifd = -1
-        self._proc = _Proc()
         self._fmm: Any = None
         self._fq: Any = None
         self._qo: Any = None
@@ -579,12 +642,11 @@ class IndexCache:
         self._fcheck = "every"
         self._seen: Any = None
         self._ffmt = FORMAT
-        self._ffd = -1
         self._fpath: Optional[Path] = None
         self._fcount = 0
         self._ftotal = 0
-        self._finalizer = None
-        self._follower = None
+        self._res = _Res(_Proc())
+        self._finalizer = weakref.finalize(self, _release, self._res)
 
     # -- opening a preserved cache --------------------------------------------------
 
@@ -732,6 +794,8 @@ class IndexCache:
                 total = _U64.unpack_from(mm, _TOTAL_AT)[0]
                 if mb is not None and total + n > mb:
                     return False
+                if p.mode == "lease" and not self._claim(i):
+                    return False
                 off = _U64.unpack_from(mm, _END_AT)[0]
                 if src >= 0 and 0 < (off - src) % 4096 < _ALIASING:  # see _ALIGN_MIN: up to 63 zero bytes first
                     pad = _ALIASING - (off - src) % 4096
@@ -751,7 +815,7 @@ class IndexCache:
                 _U64.pack_into(mm, _END_AT, off + n)
                 mm[_FLAGS_AT] &= ~_DIRTY_FLAG
             finally:
-                fcntl.flock(p.lock_fd, fcntl.LOCK_UN)
+                self._unlock(p)
         return True
 
     def __contains__(self, i: object) -> bool:
@@ -823,14 +887,64 @@ class IndexCache:
         return self._dir / "lock"
 
     def _lock(self, p: _Proc) -> None:
-        if p.lock_fd < 0:
-            p.lock_fd = os.open(self._lock_path(), os.O_RDWR | os.O_CLOEXEC)
+        if p.mode != "lease":
+            if p.lock_fd < 0:
+                p.lock_fd = os.open(self._lock_path(), os.O_RDWR | os.O_CLOEXEC)
+                strategy, p.key = strategy_for(self._lock_path())
+                p.mode = strategy.name
+            try:
+                if not self._try_lock(p):
+                    self._lock_wait(p)
+            except OSError as e:
+                if e.errno not in LOCK_UNSUPPORTED:
+                    raise
+                degrade(p.key, self._lock_path(), e)  # ENOSYS and friends: leases, never a raw OSError
+                p.mode = "lease"
+        if p.mode == "lease":
+            if p.lease is None:
+                p.lease = FileLock(self._lock_path(), timeout=self.lock_timeout, what=f"index cache {self._dir}",
+                                   mode=0o600)
+            p.lease.acquire()
+        if self._imm[_FLAGS_AT] & _DIRTY_FLAG:
+            self._recount()
+
+    @staticmethod
+    def _try_lock(p: _Proc) -> bool:
+        """One non-blocking attempt at the kernel lock (the store's strategy: flock or OFD fcntl)."""
+        if p.mode == "posix":
+            return ofd_lock(p.lock_fd, False)
         try:
             fcntl.flock(p.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            self._lock_wait(p)
-        if self._imm[_FLAGS_AT] & _DIRTY_FLAG:
-            self._recount()
+            return False
+        return True
+
+    @staticmethod
+    def _unlock(p: _Proc) -> None:
+        if p.mode == "lease":
+            assert p.lease is not None
+            p.lease.release()
+        elif p.mode == "posix":
+            ofd_unlock(p.lock_fd)
+        else:
+            fcntl.flock(p.lock_fd, fcntl.LOCK_UN)
+
+    def _claim(self, i: int) -> bool:
+        """Lease path: claim slot ``i`` by creating ``claim.<i>`` with O_EXCL; False if it was claimed before.
+
+        First-writer-wins must not rest on the lease alone: a holder presumed dead and
+        taken over while still alive (stopped longer than the expiry) would otherwise
+        commit a second record for the same index.  An exclusive create is atomic
+        wherever leases work.  Hazard accepted: a writer that dies between this claim
+        and its commit leaves the index empty for good (``get`` returns None, later
+        puts return False), which costs a cache miss, never a wrong record.
+        """
+        assert self._dir is not None
+        try:
+            os.close(os.open(self._dir / f"claim.{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        except FileExistsError:
+            return False
+        return True
 
     def _recount(self) -> None:
         """A writer died mid-commit (caller holds the lock): recount records and bytes from the slots."""
@@ -863,11 +977,8 @@ class IndexCache:
             else:
                 time.sleep(delay)
                 delay = min(delay * 2, 0.002)
-            try:
-                fcntl.flock(p.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if self._try_lock(p):
                 return
-            except BlockingIOError:
-                pass
             if self.lock_timeout is not None and time.monotonic() - start > self.lock_timeout:
                 raise LockTimeout(
                     f"timed out after {self.lock_timeout:g}s waiting for the lock of index cache "
@@ -940,7 +1051,7 @@ class IndexCache:
                         _U32.pack_into(mm, _FLAGS_AT, flags)
                         raise disk_full(e, self._dir, "freezing an index cache") from None
             finally:
-                fcntl.flock(p.lock_fd, fcntl.LOCK_UN)
+                self._unlock(p)
         if not self._adopt_frozen():  # pragma: no cover - removed behind our back
             raise StoreFormatError(f"index cache {self._dir}: the frozen file vanished while freezing")
 
@@ -1179,7 +1290,7 @@ class IndexCache:
                 p = self._after_fork()
             with p.tlock:
                 self._lock(p)  # recounts if the commit's writer is dead
-                fcntl.flock(p.lock_fd, fcntl.LOCK_UN)
+                self._unlock(p)
         return mm
 
     @property
@@ -1320,17 +1431,7 @@ class IndexCache:
             setattr(self, attr, None)
             if m is not None:
                 m.close()
-        for attr in ("_ffd", "_ifd"):
-            fd = getattr(self, attr)
-            setattr(self, attr, -1)
-            if fd >= 0:
-                os.close(fd)
-        if self._proc.pid == os.getpid():
-            self._proc.close()
-        if self._follower is not None:
-            self._follower.close()
-        if self._finalizer is not None:
-            self._finalizer()
+        self._finalizer()  # descriptors, helper thread, and the live directory in its creator (_release)
 
     def __enter__(self) -> IndexCache:
         return self
