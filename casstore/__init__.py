@@ -10,6 +10,7 @@ b'hello'
 from __future__ import annotations
 
 from . import errors
+from ._lock import Filesystem
 from .cache import IndexCache
 from .digest import Digest
 from .errors import (
@@ -81,6 +82,7 @@ __all__ = [
     "Usage",
     "NameUsage",
     "VerifyReport",
+    "Filesystem",
     "errors",
     "CasstoreError",
     "ObjectNotFoundError",

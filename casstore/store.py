@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Any, BinaryIO, Callable, Dict, Iterable, I
 from . import codecs
 from ._fs import fsync_dir, sweep_stale, write_file_atomic
 from ._layout import CONFIG_FILE, SUBDIRS, TMP
+from ._lock import Filesystem, configure, filesystem
 from .codecs import CompressArg
 from .config import StoreConfig
 from .digest import Digest
@@ -91,7 +92,7 @@ class Store:
     """
 
     def __init__(self, root: PathLike, *, create: bool = True, compress: CompressArg = None,
-                 durable: Optional[bool] = None, shared: bool = False) -> None:
+                 durable: Optional[bool] = None, shared: bool = False, lock_mode: str = "auto") -> None:
         self.root = _as_path(root)
         """The store directory."""
         if create and not (self.root / CONFIG_FILE).exists():
@@ -113,11 +114,18 @@ class Store:
         """The object layer."""
         self.refs = LocalRefs(self.root, durable=self.durable)
         """The refs layer (heads and pins)."""
+        self.lock_mode = lock_mode
+        """The ``lock_mode`` setting; :meth:`filesystem` says what is used (probed once per mount)."""
+        configure(self.root, lock_mode)
         if self.objects.writable:
             try:
                 sweep_stale(self.root / TMP)
             except OSError:  # a read-only bind mount: reading needs no sweep
                 pass
+
+    def filesystem(self) -> Filesystem:
+        """Probe the store's filesystem (locks, hard links, reflink) and say what casstore does there."""
+        return filesystem(self.root, self.lock_mode)
 
     @property
     def writable(self) -> bool:
@@ -575,4 +583,4 @@ def open_store(path: Optional[PathLike] = None, *, create: bool = True, compress
     p = _as_path(path)
     if not create and not (p / CONFIG_FILE).exists():
         _load_config(p)  # raises StoreFormatError with the reason
-    return Store(p, create=create, compress=compress, durable=durable, shared=shared)
+    return Store(p, create=create, compress=compress, durable=durable, shared=shared, lock_mode=cfg.lock_mode)
