@@ -253,14 +253,18 @@ def _fill(store: Store, e: Entry, fd: int, dest: Path, *, strict_reflink: bool) 
 
 
 def _link_object(store: Store, e: Entry, pfd: int, tmp: str, dest: Path, link: str,
-                 trust: Optional[HashRecord]) -> None:
+                 trust: Optional[HashRecord]) -> Optional[os.stat_result]:
     """Make ``tmp`` (in ``pfd``) a hard or symbolic link to the entry's raw object, verified first.
 
     ``trust``: skip the hash when casstore hashed this very file (exact stat, ctime included)
     within ``TRUST_SECONDS`` (:class:`~casstore.objects.HashRecord`); ``None``: always hash.
+    Returns the object file's stat before a hard link (whose ctime the link and rename move).
     """
     objects = store.objects
-    path = str(objects.raw_path(e.digest))  # a compressed object is materialized raw once (verified)
+    loc = objects.locate(e.digest)
+    # A compressed object is materialized raw once (verified); a raw one is opened right here (as a
+    # regular file, never a planted link or FIFO) -- one lookup and one open per key.
+    path = loc.path if loc.codec.byte_exact else str(objects.raw_path(e.digest))
     src, st = open_object_file(path, e.digest)
     try:
         if trust is None or not trust.trusted(e.digest, st):
@@ -268,8 +272,8 @@ def _link_object(store: Store, e: Entry, pfd: int, tmp: str, dest: Path, link: s
             if trust is not None:
                 trust.note(e.digest, st)
         if link == "symlink":
-            os.symlink(path, tmp, dir_fd=pfd)
-            return
+            os.symlink(path, tmp, dir_fd=pfd)  # the object's inode is untouched: its record stays valid
+            return None
         try:
             os.link(path, tmp, dst_dir_fd=pfd, follow_symlinks=False)
         except OSError as err:
@@ -282,8 +286,7 @@ def _link_object(store: Store, e: Entry, pfd: int, tmp: str, dest: Path, link: s
         got = os.stat(tmp, dir_fd=pfd, follow_symlinks=False)
         if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino):  # the object path was swapped after verifying
             raise IntegrityError(f"object file {path} of {e.digest} changed while being linked; not checked out")
-        if trust is not None:
-            trust.carry(e.digest, st, os.fstat(src))  # link() moved the inode's ctime: our own change
+        return st
     finally:
         os.close(src)
 
@@ -651,9 +654,10 @@ def _write_one(store: Store, pfd: int, leaf: str, dest: Path, e: Entry, *, repla
                trust: Optional[HashRecord]) -> StatKey:
     """Write one key (temp name, verify, rename); return its (dev, ino, size, mtime_ns) for the record."""
     tmp = f".casstore-{os.getpid()}-{os.urandom(6).hex()}.part"  # not from leaf: a segment may be 255 bytes
+    linked: Optional[os.stat_result] = None
     try:
         if link in ("hardlink", "symlink"):
-            _link_object(store, e, pfd, tmp, dest, link, trust)
+            linked = _link_object(store, e, pfd, tmp, dest, link, trust)
         else:
             fd = os.open(tmp, _CREATE, 0o666, dir_fd=pfd)
             try:
@@ -683,4 +687,9 @@ def _write_one(store: Store, pfd: int, leaf: str, dest: Path, e: Entry, *, repla
         except FileNotFoundError:
             pass
         raise
-    return _stat_key(os.stat(leaf, dir_fd=pfd, follow_symlinks=False))
+    now = os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
+    if trust is not None and linked is not None:
+        # link() and the rename moved the object inode's ctime (our own changes, nothing else):
+        # the record follows, so the next link-mode checkout need not hash it again.
+        trust.carry(e.digest, linked, now)
+    return _stat_key(now)
