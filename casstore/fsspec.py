@@ -96,6 +96,17 @@ def _read_only(what: str) -> ReadOnlyError:
     )
 
 
+def _store_of(store: object) -> Store:
+    """The store ``store=`` means: a Store as is, an existing store's path (never created), the default."""
+    if store is None:
+        return open_store()
+    if isinstance(store, Store):
+        return store
+    if isinstance(store, (str, os.PathLike)):
+        return open_store(store, create=False)
+    raise InvalidTypeError(f"store must be a casstore.Store, a store path or None, not {type(store).__name__}")
+
+
 class _Resolved:
     """A path split into the manifest it names, the key inside it, and how to spell children."""
 
@@ -195,14 +206,7 @@ class CasstoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec sh
                  asynchronous: bool = False) -> None:
         if verify not in _VERIFY:
             raise InvalidInputError(f"verify must be one of {_VERIFY}, not {verify!r:.80}")
-        if store is None:
-            self.store: Store = open_store()
-        elif isinstance(store, Store):
-            self.store = store
-        elif isinstance(store, (str, os.PathLike)):
-            self.store = open_store(store, create=False)
-        else:
-            raise InvalidTypeError(f"store must be a casstore.Store, a store path or None, not {type(store).__name__}")
+        self.store: Store = _store_of(store)
         """The store read."""
         self.verify: Verify = verify
         """The default ``verify=`` of :meth:`open` and ranged :meth:`cat_file`."""
@@ -328,7 +332,7 @@ class CasstoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec sh
         p = self._path(path)
         r = self._resolve(p)
         if r is None:
-            if p and self._name_dirs(p):
+            if not p or self._name_dirs(p):
                 raise IsADirectoryError(errno.EISDIR, f"casstore://{p} is a directory of names", p)
             raise _not_found(p, f"no such name in the store at {self.store.root}; fs.ls('') lists names")
         if r.key in r.manifest:

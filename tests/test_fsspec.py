@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -171,8 +172,9 @@ def test_cat_and_ranges(fs: CasstoreFileSystem) -> None:
     assert fs.cat_file("exp/metrics.csv", 5, 5) == b""
     assert fs.cat(["exp/metrics.csv", "qm9/processed/data.npz"]) == {
         "exp/metrics.csv": CSV2, "qm9/processed/data.npz": b"npz bytes"}
-    with pytest.raises(IsADirectoryError):
-        fs.cat_file("exp/logs")
+    for d in ("exp/logs", "exp", "qm9", "", "exp//logs"):
+        with pytest.raises(IsADirectoryError):
+            fs.cat_file(d)
 
 
 def test_open_text_and_seek_on_compressed(fs: CasstoreFileSystem) -> None:
@@ -308,6 +310,13 @@ def test_unknown_names_and_keys_are_file_not_found(fs: CasstoreFileSystem) -> No
                 call(path)
     with pytest.raises(casstore.ObjectNotFoundError):
         fs.cat("blake3:" + "0" * 64 + "/x")
+
+
+def test_pickles_for_other_processes(store: casstore.Store) -> None:
+    """dask and multiprocessing ship the filesystem to workers by pickle."""
+    for arg in (store, str(store.root)):
+        fs2 = pickle.loads(pickle.dumps(CasstoreFileSystem(arg, verify="full")))
+        assert fs2.store.root == store.root and fs2.verify == "full" and fs2.cat("exp/metrics.csv") == CSV2
 
 
 def test_store_argument(tmp_path: Path, store: casstore.Store) -> None:
