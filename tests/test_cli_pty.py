@@ -8,6 +8,7 @@ receive it.  The same commands run with pipes show that nothing leaks there.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import select
 import subprocess
@@ -244,3 +245,23 @@ def test_push_and_pull_progress_on_a_terminal_and_not_in_a_pipe(tmp_path: Path, 
         assert p.returncode == 0, p.stderr
         assert b"\r" not in p.stderr and f"{cmd} origin: ".encode() not in p.stderr, p.stderr
     assert casstore.open(b).heads() == sa.heads()
+
+
+def test_checkout_progress_on_a_terminal_and_not_in_a_pipe_or_with_json(tmp_path: Path) -> None:
+    root, s = _store(tmp_path)
+    with s.edit("exp") as m:
+        for i in range(4):
+            m[f"w{i}.bin"] = s.put(os.urandom(3 << 20))
+    rc, tty, _out, _err = run_on_pty(tmp_path, "--store", str(root), "checkout", "exp", "co", stdout_tty=False,
+                                     stderr_tty=True)
+    assert rc == 0, tty
+    frames = _frames(tty, "checkout")
+    assert frames and "100.0%" in frames[-1] and "12.0 MiB/12.0 MiB" in frames[-1], tty
+    assert frames[0].endswith("ETA --") and all("ETA 0s" not in f for f in frames if "100.0%" not in f), frames
+    assert (tmp_path / "co" / "w3.bin").read_bytes() == s.get(s.manifest("exp")["w3.bin"].digest)
+    # --json: scripts get one document and no bar, even on a terminal
+    rc, tty, out, _err = run_on_pty(tmp_path, "--store", str(root), "checkout", "exp", "co2", "--json",
+                                    stdout_tty=False, stderr_tty=True)
+    assert rc == 0 and tty == b"" and len(json.loads(out)["written"]) == 4, tty
+    p = _piped(tmp_path, "--store", str(root), "checkout", "exp", "co3")
+    assert p.returncode == 0 and p.stderr == b"", p.stderr

@@ -290,8 +290,9 @@ def cmd_checkout(args: argparse.Namespace) -> int:
         raise InvalidInputError("--force only applies with --sync (it lets sync remove or replace files changed "
                                 "since casstore wrote them); use --overwrite to replace other files")
     store = open_from_args(args, create=False)
+    # A bar by bytes on a terminal's stderr only (None); --json asks for a quiet, script-driven run.
     written = store.checkout(args.target, args.dir, overwrite=args.overwrite, sync=args.sync, link=args.link,
-                             force=args.force)
+                             force=args.force, progress=None if not args.json else False)
     if args.json:
         print(json.dumps({"target": args.target, "dir": args.dir, "written": [str(p) for p in written]}, indent=2))
         return 0
