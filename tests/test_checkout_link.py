@@ -1,0 +1,153 @@
+"""Link-mode checkouts and the hash record (docs/folders.md, "Checkout speed: what a link trusts").
+
+A hard or symbolic link is made only to an object file that is hashed now, or that casstore hashed
+within ``TRUST_SECONDS`` and whose exact stat (ctime included) is unchanged since.  These tests count
+the hashes a checkout makes (``hash_fd`` of the objects layer) and damage objects in ways a user or a
+bad disk would, to show that what the record vouches for is exactly what was hashed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import msgpack
+import pytest
+from _corrupt import flip_byte
+
+import casstore
+from casstore import IntegrityError
+from casstore.objects import local as objlocal
+from casstore.objects.local import HASHED_DIR, TRUST_SECONDS
+
+FILES = {f"d{i % 3}/f{i:02d}.bin": os.urandom(1000 + 997 * i) for i in range(24)}
+
+
+@pytest.fixture
+def added(store: casstore.Store, tmp_path: Path) -> casstore.Store:
+    src = tmp_path / "src"
+    for k, data in FILES.items():
+        (src / k).parent.mkdir(parents=True, exist_ok=True)
+        (src / k).write_bytes(data)
+    store.add("exp", src)
+    return store
+
+
+@pytest.fixture
+def hashes(monkeypatch: pytest.MonkeyPatch) -> List[int]:
+    """Sizes of the object files the objects layer hashes (its verify_fd), counted; the per-process memo
+    is emptied so only the persistent record can spare a hash."""
+    seen: List[int] = []
+    real = objlocal.hash_fd
+
+    def counting(fd: int, size: int, **kw: object) -> casstore.Digest:
+        seen.append(size)
+        return real(fd, size)
+
+    monkeypatch.setattr(objlocal, "hash_fd", counting)
+    monkeypatch.setattr(objlocal, "_VERIFIED", {})
+    return seen
+
+
+def _tree(root: Path) -> Dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("link", ["hardlink", "symlink"])
+def test_objects_add_just_hashed_are_linked_without_hashing_again(added: casstore.Store, hashes: List[int],
+                                                                   tmp_path: Path, link: str) -> None:
+    added.checkout("exp", tmp_path / "a", link=link)
+    assert hashes == []
+    assert _tree(tmp_path / "a") == FILES
+    # The first hard link moved each object inode's ctime (link + rename); the record followed it.
+    added.checkout("exp", tmp_path / "b", link=link)
+    assert hashes == []
+    # rehash=True hashes every object whatever the record says.
+    added.checkout("exp", tmp_path / "c", link=link, rehash=True)
+    assert len(hashes) == len(FILES)
+
+
+def test_copy_always_hashes_what_it_wrote(added: casstore.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    co = importlib.import_module("casstore.manifests.checkout")  # the module (the package exports the function)
+    seen: List[int] = []
+    real = co.hash_fd
+    monkeypatch.setattr(co, "hash_fd", lambda fd, size, **kw: seen.append(size) or real(fd, size))
+    added.checkout("exp", tmp_path / "a", link="copy")
+    assert sorted(seen) == sorted(len(v) for v in FILES.values())
+
+
+def test_a_rewritten_object_is_hashed_and_refused(added: casstore.Store, hashes: List[int], tmp_path: Path
+                                                  ) -> None:
+    d = added.manifest("exp").entries["d1/f07.bin"].digest
+    time.sleep(0.01)  # a later mtime/ctime tick than the add's
+    flip_byte(added.objects.path(d), 100)  # chmod + write + chmod: its stat is no longer what was hashed
+    with pytest.raises(IntegrityError, match="corrupt"):
+        added.checkout("exp", tmp_path / "out", link="hardlink")
+    assert hashes  # the changed file was hashed, not trusted
+    out = tmp_path / "out"
+    assert not (out / "d1" / "f07.bin").exists()
+    assert not [p for p in out.rglob("*") if p.name.endswith(".part")]
+
+
+def test_a_mtime_put_back_does_not_fool_the_record(added: casstore.Store, hashes: List[int], tmp_path: Path) -> None:
+    d = added.manifest("exp").entries["d0/f03.bin"].digest
+    p = added.objects.path(d)
+    st = os.stat(p)
+    time.sleep(0.01)
+    flip_byte(p, 7)
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size and mtime as hashed; ctime moved on
+    with pytest.raises(IntegrityError):
+        added.checkout("exp", tmp_path / "out", link="hardlink")
+
+
+def test_an_old_entry_is_not_trusted(added: casstore.Store, hashes: List[int], tmp_path: Path) -> None:
+    rec = added.objects.hash_record()
+    old = time.time_ns() - int((TRUST_SECONDS + 60) * 1e9)
+    for e in added.manifest("exp").entries.values():
+        rec.note(e.digest, os.stat(added.objects.path(e.digest)), at_ns=old)
+    path = added.root / HASHED_DIR / f"{os.geteuid()}.msgpack"
+    path.unlink()
+    path.write_bytes(msgpack.packb({"v": 1, "e": {k: list(v) for k, v in rec.entries.items()}}))
+    added.checkout("exp", tmp_path / "out", link="hardlink")
+    assert len(hashes) == len(FILES)
+
+
+@pytest.mark.parametrize("damage", [b"", b"\xc1garbage", b"\x93\x01\x02\x03"])
+def test_a_damaged_record_is_no_record(added: casstore.Store, hashes: List[int], tmp_path: Path, damage: bytes
+                                       ) -> None:
+    path = added.root / HASHED_DIR / f"{os.geteuid()}.msgpack"
+    path.write_bytes(damage)
+    added.checkout("exp", tmp_path / "out", link="hardlink")
+    assert len(hashes) == len(FILES)
+    assert _tree(tmp_path / "out") == FILES
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the record file to another user")
+def test_a_record_this_user_does_not_own_is_ignored(added: casstore.Store, hashes: List[int], tmp_path: Path
+                                                    ) -> None:
+    # In a shared store another member could replace an object file and vouch for it in a record.
+    path = added.root / HASHED_DIR / f"{os.geteuid()}.msgpack"
+    os.chown(path, 65534, 65534)
+    added.checkout("exp", tmp_path / "out", link="hardlink")
+    assert len(hashes) == len(FILES)
+
+
+def test_checkout_progress_only_when_asked_or_on_a_terminal(added: casstore.Store, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    added.checkout("exp", tmp_path / "quiet")  # stderr is not a terminal: no bar
+    assert err.getvalue() == ""
+    added.checkout("exp", tmp_path / "loud", progress=True)
+    line = err.getvalue().strip().splitlines()[-1]
+    total = sum(len(v) for v in FILES.values())
+    assert line.startswith("checkout:") and "100.0%" in line, line
+    assert f"{total / 1024:.1f} KiB" in line, line
+    err.truncate(0)
+    added.checkout("exp", tmp_path / "off", progress=False)
+    assert err.getvalue() == ""
