@@ -201,8 +201,13 @@ def fuse_mounts(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.C
     reason = unavailable()
     if reason:
         skip_or_fail(reason)
-    assert pytestconfig.cache is not None
-    exe = build(pytestconfig.cache.mkdir("casstore-fusefs"))
+    cache = getattr(pytestconfig, "cache", None)  # None under -p no:cacheprovider
+    if cache is not None:
+        cache_dir = cache.mkdir("casstore-fusefs")
+    else:
+        cache_dir = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "casstore-fusefs"
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    exe = build(cache_dir)
     mounts = FuseMounts(exe, tmp_path_factory.mktemp("fuse"))
     atexit.register(mounts.stop)  # a session that dies before its finalizers still unmounts
     try:
