@@ -20,6 +20,8 @@ import pandas as pd
 import pytest
 import xarray as xr
 from _corrupt import flip_byte
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 import casstore
 from casstore.fsspec import AmbiguousPathError, CasstoreFileSystem
@@ -421,3 +423,49 @@ def test_casstore_imports_without_fsspec() -> None:
 def test_layer_listing_names_only_public(fs: CasstoreFileSystem, store: casstore.Store) -> None:
     names: List[str] = [n.name for n in store.names()]
     assert fs.ls("", detail=False) == sorted({n.split("/")[0] for n in names})
+
+
+# -- the split rule as a property ----------------------------------------------------------------
+
+_SEG = st.sampled_from(["a", "b", "c"])
+_PATHS = st.lists(_SEG, min_size=1, max_size=3).map("/".join)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@example(heads=["a"], pins=["a/b"], keys=["b/c", "c"])
+@example(heads=["a/b", "c"], pins=["a", "c/a/b"], keys=["b", "a/b/c", "c"])
+@given(heads=st.lists(_PATHS, max_size=4), pins=st.lists(_PATHS, max_size=3),
+       keys=st.lists(_PATHS, min_size=1, max_size=4))
+def test_a_plain_path_reads_what_its_explicit_form_reads_or_is_refused(
+        tmp_path_factory: pytest.TempPathFactory, heads: List[str], pins: List[str], keys: List[str]) -> None:
+    """Whatever heads and pins nest, ``NAME/KEY`` reads the bytes ``NAME//KEY`` reads, or is an
+    AmbiguousPathError: never another name's bytes."""
+    s = casstore.open(tmp_path_factory.mktemp("prop") / "s", durable=False)
+    made: Dict[str, casstore.Manifest] = {}
+    for kind, names in (("head", heads), ("pin", pins)):
+        for name in names:
+            try:
+                with s.edit(f"tmp-{kind}") as m:
+                    for k in keys:
+                        m[k] = s.put(f"{kind} {name} {k}".encode())
+                if kind == "head":
+                    s.rename(f"tmp-{kind}", name, force=True)
+                else:
+                    s.pin(name, s.manifest(f"tmp-{kind}").digest, force=True)
+                    s.remove(f"tmp-{kind}")
+            # A prefix clash within one kind: the store refuses the name.  (NotADirectoryError: the refs
+            # layer in the tree on 2026-12-01 lets a clash two levels deep, 'a' then 'a/b/c', escape
+            # untyped; that is the refs layer's to fix, and this test is about paths.)
+            except (casstore.InvalidInputError, NotADirectoryError):
+                continue
+            made[name] = s.manifest(name)
+    fs = CasstoreFileSystem(s)
+    for name, man in made.items():
+        for key in man:
+            want = s.get(man[key].digest)
+            assert fs.cat(f"{name}//{key}") == want
+            try:
+                got = fs.cat(f"{name}/{key}")
+            except AmbiguousPathError:
+                continue
+            assert got == want, f"{name}/{key}"
