@@ -1271,30 +1271,35 @@ def _aligned_streams(a: TreeEntryMap, b: TreeEntryMap) -> Tuple[Iterator[Tuple[s
         for i in range(len(refs) - 1, -1, -1):
             st.append((refs[i], level - 1, ks[i - 1] if i else lo, False))
 
-    def step() -> None:
-        # Called when a side's buffer is empty: skip shared heads before expanding.
-        while True:
-            # Buffers need not be empty: a stack head is the next unexpanded run of its side whatever
-            # the buffer holds, and dropping the same run from both sides leaves the merge's output as is.
-            if sa and sb and sa[-1][0][1] == sb[-1][0][1]:
-                sa.pop()
-                sb.pop()
+    def fill(own: State, r: _Reader, buf: List[Tuple[str, Raw]], other: State, r_other: _Reader) -> None:
+        # Called when ``own``'s buffer is empty.  The sides descend in step: the head of the higher
+        # level is expanded first (the other side's only if it is internal: its children go on its
+        # stack, whatever its buffer holds), so equal subtrees meet as heads and are skipped.
+        while own:
+            if other and own[-1][0][1] == other[-1][0][1]:
+                # Buffers need not be empty: a stack head is the next unexpanded run of its side, and
+                # dropping the same run from both sides leaves the merge's output as it is.
+                own.pop()
+                other.pop()
                 continue
-            break
-
-    def gen(st: State, r: _Reader, buf: List[Tuple[str, Raw]]) -> Iterator[Tuple[str, Raw]]:
-        while True:
-            if buf:
-                yield buf.pop()
+            if other and other[-1][1] > own[-1][1]:
+                expand(other, r_other, [])  # internal (level > own's >= 0): pushes children only
                 continue
-            step()
-            if buf:
-                continue
-            if not st:
+            level = own[-1][1]
+            expand(own, r, buf)
+            if level == 0:
                 return
-            expand(st, r, buf)
 
-    return gen(sa, a._reader, buf_a), gen(sb, b._reader, buf_b)
+    def gen(own: State, r: _Reader, buf: List[Tuple[str, Raw]], other: State,
+            r_other: _Reader) -> Iterator[Tuple[str, Raw]]:
+        while True:
+            if not buf:
+                fill(own, r, buf, other, r_other)
+                if not buf:
+                    return
+            yield buf.pop()
+
+    return gen(sa, a._reader, buf_a, sb, b._reader), gen(sb, b._reader, buf_b, sa, a._reader)
 
 
 def open_tree(header: object, objects: Optional[NodeSource], what: str) -> TreeEntryMap:

@@ -75,6 +75,7 @@ from .model import (
 from .provenance import derive_params, input_labels
 
 if TYPE_CHECKING:
+    from ..objects.base import ObjectInfo
     from ..store import Store
 
 __all__ = [
@@ -267,13 +268,18 @@ class ManifestEditor(MutableMapping[str, Entry]):
     def _completed(self) -> Dict[str, Optional[Entry]]:
         """The changes with sizes filled in; refuses entries whose objects are missing (unless allowed)."""
         out: Dict[str, Optional[Entry]] = {}
+        # One stat per distinct object: a folder-sized edit often names one object many times
+        # (1,000,000 entries of one object were 1,000,000 stats).
+        infos: Dict[Digest, ObjectInfo] = {}
         for key, e in self._changes.items():
             if e is None:
                 out[key] = None
                 continue
             # allow_missing allows *missing* objects; a local one is still checked against its size.
             try:
-                info = self._store.objects.stat(e.digest)
+                info = infos.get(e.digest)
+                if info is None:
+                    info = infos[e.digest] = self._store.objects.stat(e.digest)
             except ObjectNotFoundError:
                 if self._allow_missing:
                     out[key] = e

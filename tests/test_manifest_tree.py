@@ -1,0 +1,418 @@
+"""Tree-shaped manifest versions (format 2, docs/format.md "Tree-shaped versions").
+
+The tree threshold is lowered (``TREE_THRESHOLD``) so small manifests exercise
+the tree paths; everything runs on a real store (and the SeaweedFS fixture for
+push/pull).  Contracts:
+
+* same results as a dict model for random edit sequences (hypothesis), and the
+  same root as a rebuild from scratch (history independence);
+* lookups read O(depth) node objects; a one-key commit writes O(depth) nodes;
+  a diff of versions sharing most nodes reads few;
+* every hostile node (bad keys, unsorted, out of the parent's range, counts
+  that disagree, wrong level, missing, corrupt) is refused with a typed error
+  naming the version;
+* gc keeps every node of a kept version, deletes those only dropped versions
+  used, and walks shared nodes once;
+* push/pull carry nodes; a hostile node on the remote stores nothing;
+* concurrent editors of one tree-shaped name lose no update.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Set
+
+import _seaweed
+import msgpack
+import pytest
+from _corrupt import flip_byte
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import casstore
+from casstore.errors import IntegrityError, InvalidInputError, ObjectNotFoundError, StoreFormatError
+from casstore.manifests import model
+from casstore.manifests.model import Entry, EntryMap, TreeEntryMap, build_tree, walk_tree
+
+aws_credentials = _seaweed.aws_credentials
+seaweed = _seaweed.seaweed
+remote = _seaweed.remote
+remote_url = _seaweed.remote_url
+
+SMALL = 16  # tree threshold in these tests
+
+
+@pytest.fixture(autouse=True)
+def small_trees(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(model, "TREE_THRESHOLD", SMALL)
+    yield
+
+
+def key(i: int) -> str:
+    return f"d{i % 7}/f{i:05d}"
+
+
+def fill(store: casstore.Store, name: str, n: int) -> List[casstore.Digest]:
+    ds = [store.put(bytes([i])) for i in range(5)]
+    with store.edit(name) as m:
+        for i in range(n):
+            m[key(i)] = ds[i % 5]
+    return ds
+
+
+def node_digests(entries: EntryMap) -> Set[str]:
+    return {h for k, h, _s in walk_tree(entries, set()) if not k}
+
+
+class CountingReads:
+    """Counts object reads through ``store.objects`` (the tree reads nodes there)."""
+
+    def __init__(self, store: casstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.n = 0
+        orig = store.objects.read
+
+        def read(d: casstore.Digest, *, verify: bool = True) -> bytes:
+            self.n += 1
+            return orig(d, verify=verify)
+
+        monkeypatch.setattr(store.objects, "read", read)
+
+
+# -- conformance -------------------------------------------------------------------------
+
+keys_st = st.integers(0, 400).map(lambda i: f"k/{i:04d}" if i % 5 else f"z{i:04d}")
+edit_st = st.lists(st.tuples(keys_st, st.one_of(st.none(), st.integers(0, 4))), min_size=1, max_size=40)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(keys_st, min_size=0, max_size=300), st.lists(edit_st, min_size=1, max_size=5))
+def test_tree_matches_a_dict_model_and_a_rebuild(tmp_path_factory: pytest.TempPathFactory,
+                                                  initial: List[str], edits: List[Any]) -> None:
+    store = casstore.open(tmp_path_factory.mktemp("s") / "store", durable=False)
+    ds = [store.put(bytes([i])) for i in range(5)]
+    expect: Dict[str, Entry] = {}
+    with store.edit("x") as m:
+        for k in ["base", *initial]:  # "base" is never edited: the name always exists
+            m[k] = ds[len(k) % 5]
+            expect[k] = Entry(ds[len(k) % 5], 1)
+    prev = dict(expect)
+    for batch in edits:
+        before = store.manifest("x")
+        with store.edit("x") as m:
+            for k, v in batch:
+                if v is None:
+                    if k in m:
+                        del m[k]
+                    expect.pop(k, None)
+                else:
+                    m[k] = ds[v]
+                    expect[k] = Entry(ds[v], 1)
+        man = store.manifest("x")
+        assert man.entries.is_tree == (len(expect) > SMALL)
+        assert len(man) == len(expect)
+        assert list(man) == sorted(expect)
+        assert dict(man.items()) == expect
+        for probe in ("k/0100", "z", "a", "k/", "zz"):
+            assert man.entries.ceiling(probe) == min((k for k in expect if k >= probe), default=None)
+            assert (probe in man) == (probe in expect)
+        d = store.diff(before, man)  # tree diffs skip shared subtrees: same answer as the dicts
+        assert set(d.added) == expect.keys() - prev.keys()
+        assert set(d.removed) == prev.keys() - expect.keys()
+        assert set(d.changed) == {k for k in expect.keys() & prev.keys() if expect[k] != prev[k]}
+        prev = dict(expect)
+        if man.entries.is_tree:
+            # History independence: the same entries give the same tree, however they were edited.
+            fresh = build_tree(iter(EntryMap.from_entries(expect).raw_items()), None)
+            assert fresh.tree_header() == man.entries.tree_header()
+
+
+def test_small_stays_flat_and_large_becomes_a_tree_and_back(tmp_path: Path) -> None:
+    store = casstore.open(tmp_path / "s")
+    fill(store, "x", SMALL)
+    v1 = store.manifest("x")
+    assert not v1.entries.is_tree and msgpack.unpackb(store.get(v1.digest))["v"] == 1
+    with store.edit("x") as m:
+        m["extra"] = v1[key(0)].digest
+    v2 = store.manifest("x")
+    assert v2.entries.is_tree and msgpack.unpackb(store.get(v2.digest))["v"] == 2
+    assert len(store.get(v2.digest)) < 300  # the version object: meta, parent, root, totals
+    with store.edit("x") as m:
+        del m["extra"]
+    v3 = store.manifest("x")
+    assert not v3.entries.is_tree and dict(v3.items()) == dict(v1.items())
+    d = store.diff(v1, v2)
+    assert list(d.added) == ["extra"] and not d.removed and not d.changed
+
+
+def test_lookup_reads_one_node_per_level_and_a_commit_writes_one_path(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    store = casstore.open(tmp_path / "s")
+    ds = fill(store, "x", 3000)
+    man = store.manifest("x")
+    entries = man.entries
+    assert isinstance(entries, TreeEntryMap)
+    depth = entries.depth
+    assert 3 <= depth <= 12
+    n_nodes = len(node_digests(entries))
+    reads = CountingReads(store, monkeypatch)
+    fresh = casstore.open(tmp_path / "s").manifest(man.digest)
+    model._CACHE.clear()  # noqa: SLF001 - a cold process: nothing cached
+    reads.n = 0
+    assert fresh[key(1234)].digest == ds[1234 % 5]
+    assert reads.n <= depth, (reads.n, depth)
+    before = set(store.objects.iter_digests())
+    with store.edit("x") as m:
+        m[key(2000)] = ds[0] if ds[2000 % 5] != ds[0] else ds[1]
+    new = set(store.objects.iter_digests()) - before
+    assert 1 <= len(new) <= depth + 1, (len(new), depth)  # the changed path and the version object
+    assert n_nodes > 300
+    # A diff of two versions sharing all but one path reads about two paths, not every node.
+    model._CACHE.clear()  # noqa: SLF001
+    reads.n = 0
+    d = store.diff(man, store.manifest("x"))
+    assert list(d.changed) == [key(2000)] and not d.added and not d.removed
+    assert reads.n <= 4 * depth + 4, (reads.n, depth)
+
+
+def test_key_conflicts_use_range_lookups_on_trees(tmp_path: Path) -> None:
+    store = casstore.open(tmp_path / "s")
+    ds = fill(store, "x", 200)
+    with pytest.raises(InvalidInputError, match="also the directory"):
+        with store.edit("x") as m:
+            m["d3"] = ds[0]
+    with pytest.raises(InvalidInputError, match="also a key"):
+        with store.edit("x") as m:
+            m[key(10) + "/below"] = ds[0]
+
+
+# -- hostile nodes -----------------------------------------------------------------------
+
+
+def _node(body: Dict[str, Any], level: int) -> bytes:
+    kind = "entries" if level == 0 else "children"
+    return bytes(msgpack.packb({"casstore": "manifest-node", kind: body[kind], "level": level}, use_bin_type=True))
+
+
+def _version(store: casstore.Store, leaves: List[Dict[str, List[Any]]],
+             records: Optional[List[List[Any]]] = None, level: int = 1) -> casstore.Digest:
+    """A two-level tree version made by hand; ``records`` overrides what the root says of its leaves."""
+    refs = []
+    for entries in leaves:
+        data = bytes(msgpack.packb({"casstore": "manifest-node", "entries": entries, "level": 0}, use_bin_type=True))
+        d = store.put(data, compress=False)
+        refs.append([list(entries)[-1] if entries else "x", d.raw, len(entries),
+                     sum(e[1] for e in entries.values())])
+    refs = records if records is not None else refs
+    root = bytes(msgpack.packb({"casstore": "manifest-node", "children": refs, "level": level},
+                               use_bin_type=True))
+    rd = store.put(root, compress=False)
+    total = sum(r[2] for r in refs)
+    ver = {"casstore": "manifest", "meta": {}, "parent": None,
+           "tree": [rd.raw, level, total, sum(r[3] for r in refs)], "v": 2}
+    return store.put(bytes(msgpack.packb(ver, use_bin_type=True)), compress=False)
+
+
+@pytest.fixture()
+def hstore(tmp_path: Path) -> casstore.Store:
+    return casstore.open(tmp_path / "s")
+
+
+def _e(store: casstore.Store) -> List[Any]:
+    d = store.put(b"a")
+    return [d.raw, 1]
+
+
+def test_a_hand_made_valid_tree_reads(hstore: casstore.Store) -> None:
+    e = _e(hstore)
+    v = _version(hstore, [{"a": e, "b": e}, {"c": e}])
+    man = hstore.manifest(v)
+    assert list(man) == ["a", "b", "c"] and man["c"].size == 1 and len(man) == 3
+
+
+@pytest.mark.parametrize("case", [
+    "bad key", "unsorted", "outside range", "last key differs", "count differs", "bytes differ",
+    "wrong level", "not a node", "empty leaf", "malformed child", "children unsorted",
+])
+def test_hostile_nodes_are_refused_naming_the_version(hstore: casstore.Store, case: str) -> None:
+    e = _e(hstore)
+    good = [{"a": e, "b": e}, {"c": e, "d": e}]
+    leaves = good
+    records: Optional[List[List[Any]]] = None
+    level = 1
+    if case == "bad key":
+        leaves = [{"../a": e, "b": e}, {"c": e, "d": e}]
+    elif case == "unsorted":
+        leaves = [{"b": e, "a": e}, {"c": e, "d": e}]
+    elif case == "outside range":
+        leaves = [{"a": e, "c": e}, {"c2": e, "d": e}]
+        records = None
+    elif case == "wrong level":
+        level = 2
+    elif case == "empty leaf":
+        leaves = [{}, {"c": e, "d": e}]
+    v0 = _version(hstore, leaves, None, level)
+    root = msgpack.unpackb(hstore.get(v0))["tree"][0]
+    kids = msgpack.unpackb(hstore.get(casstore.Digest.from_bytes(root)))["children"]
+    if case == "outside range":  # the second leaf starts before the first one's recorded end
+        kids[0][0] = "d0"
+        kids[1][0] = "d"
+        leaves2 = [{"a": e, "c": e, "d0": e}, {"c2": e, "d": e}]
+        kids = []
+        for lf in leaves2:
+            dd = hstore.put(_node({"entries": lf}, 0), compress=False)
+            kids.append([list(lf)[-1], dd.raw, len(lf), len(lf)])
+        records = kids
+    elif case == "last key differs":
+        kids[0][0] = "a"
+        records = kids
+    elif case == "count differs":
+        kids[0][2] = 3
+        records = kids
+    elif case == "bytes differ":
+        kids[1][3] = 7
+        records = kids
+    elif case == "not a node":
+        kids[0][1] = hstore.put(b"just data").raw
+        records = kids
+    elif case == "malformed child":
+        kids[0][2] = -1
+        records = kids
+    elif case == "children unsorted":
+        records = [kids[1], kids[0]]
+    v = _version(hstore, leaves, records, level) if records is not None else v0
+    with pytest.raises(StoreFormatError) as ei:
+        list(hstore.manifest(v).items())
+    assert str(v) in str(ei.value)
+
+
+def test_missing_and_corrupt_nodes_are_typed_errors(hstore: casstore.Store) -> None:
+    e = _e(hstore)
+    v = _version(hstore, [{"a": e, "b": e}, {"c": e, "d": e}])
+    root = casstore.Digest.from_bytes(msgpack.unpackb(hstore.get(v))["tree"][0])
+    kid = casstore.Digest.from_bytes(msgpack.unpackb(hstore.get(root))["children"][1][1])
+    model._CACHE.clear()  # noqa: SLF001
+    flip_byte(hstore.objects.path(kid), 5)
+    with pytest.raises(IntegrityError):
+        list(hstore.manifest(v))
+    os.unlink(hstore.objects.path(kid))
+    with pytest.raises(ObjectNotFoundError, match="tree node"):
+        list(hstore.manifest(v))
+    assert hstore.manifest(v)["a"].size == 1  # the other leaf is fine
+
+
+def test_a_malformed_tree_header_is_refused(hstore: casstore.Store) -> None:
+    for tree in ([b"x" * 31, 1, 1, 0], [b"x" * 32, 99, 1, 0], [b"x" * 32, 1, 0, 0], "nope"):
+        ver = {"casstore": "manifest", "meta": {}, "parent": None, "tree": tree, "v": 2}
+        d = hstore.put(bytes(msgpack.packb(ver, use_bin_type=True)), compress=False)
+        with pytest.raises(StoreFormatError, match="tree header"):
+            hstore.manifest(d)
+
+
+# -- gc ----------------------------------------------------------------------------------
+
+
+def test_gc_keeps_every_node_and_deletes_dropped_ones(tmp_path: Path) -> None:
+    store = casstore.open(tmp_path / "s")
+    ds = fill(store, "x", 1500)
+    old = store.manifest("x")
+    old_nodes = node_digests(old.entries)
+    for r in range(5):
+        with store.edit("x") as m:
+            m[key(r * 97)] = ds[(r + 1) % 5]
+    cur = store.manifest("x")
+    cur_nodes = node_digests(cur.entries)
+    assert len(old_nodes & cur_nodes) > 0.9 * len(cur_nodes)  # shared between versions
+    store.plan_gc(keep_history=0, grace=0).execute()
+    have = {d.hex for d in store.objects.iter_digests()}
+    assert cur_nodes <= have
+    assert not (old_nodes - cur_nodes) & have  # only the dropped versions used them
+    model._CACHE.clear()  # noqa: SLF001
+    assert len(list(casstore.open(tmp_path / "s").manifest("x").items())) == 1500
+
+
+def test_gc_walks_shared_nodes_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = casstore.open(tmp_path / "s")
+    ds = fill(store, "x", 1500)
+    n_nodes = len(node_digests(store.manifest("x").entries))
+    for r in range(20):
+        with store.edit("x") as m:
+            m[key(r * 53)] = ds[(r + 2) % 5]
+    model._CACHE.clear()  # noqa: SLF001
+    reads = CountingReads(store, monkeypatch)
+    store.plan_gc(keep_history=20, grace=0)
+    # 21 versions: one full walk plus the changed paths, not 21 full walks.
+    assert reads.n < n_nodes + 21 * 20, (reads.n, n_nodes)
+
+
+# -- push / pull -------------------------------------------------------------------------
+
+
+def test_push_pull_round_trip_of_a_tree(tmp_path: Path, remote: casstore.Remote) -> None:
+    a = casstore.open(tmp_path / "a")
+    ds = fill(a, "x", 400)
+    with a.edit("x") as m:
+        m[key(3)] = ds[4]
+    a.push(remote, "x")
+    b = casstore.open(tmp_path / "b")
+    b.pull(remote, "x")
+    ma, mb = a.manifest("x"), b.manifest("x")
+    assert mb.digest == ma.digest and mb.entries.is_tree
+    assert node_digests(mb.entries) == node_digests(ma.entries)
+    assert {d.hex for d in b.objects.iter_digests()} >= node_digests(ma.entries)
+    assert dict(mb.items()) == dict(ma.items())
+    # The parent version's nodes travelled too (history is readable on b).
+    assert dict(b.manifest(mb.parent).items()) == dict(a.manifest(ma.parent).items())  # type: ignore[arg-type]
+    # Edit on b, push; a pulls (fast-forward) and reads it.
+    with b.edit("x") as m:
+        m["new/key"] = ds[0]
+    b.push(remote, "x")
+    a.pull(remote, "x")
+    assert a.manifest("x")["new/key"].digest == ds[0]
+
+
+def test_pull_of_a_hostile_tree_stores_nothing(tmp_path: Path, remote: casstore.Remote) -> None:
+    a = casstore.open(tmp_path / "a")
+    e = _e(a)
+    v = _version(a, [{"a": e, "b": e}, {"c": e, "d": e}],
+                 None)
+    root = casstore.Digest.from_bytes(msgpack.unpackb(a.get(v))["tree"][0])
+    kids = msgpack.unpackb(a.get(root))["children"]
+    kids[1][2] = 5  # the root lies about its second leaf's count
+    bad = _version(a, [{"a": e, "b": e}, {"c": e, "d": e}], kids)
+    # Publish the hostile version on the remote by hand (push refuses to read it).
+    for d in a.objects.iter_digests():
+        remote.objects.write(d, a.get(d))
+    remote.refs.compare_and_swap("pins", "bad", bad, None)
+    b = casstore.open(tmp_path / "b")
+    with pytest.raises(StoreFormatError, match=str(bad)):
+        b.pull(remote, "bad")
+    assert list(b.objects.iter_digests()) == [] and b.pins() == {}
+
+
+# -- concurrency -------------------------------------------------------------------------
+
+
+def _editor(root: str, who: int, n: int) -> None:
+    model.TREE_THRESHOLD = SMALL
+    s = casstore.open(root)
+    d = s.put(b"w")
+    for i in range(n):
+        with s.edit("x") as m:
+            m[f"w{who}/{i:03d}"] = d
+
+
+def test_concurrent_editors_of_a_tree_lose_no_update(tmp_path: Path) -> None:
+    store = casstore.open(tmp_path / "s")
+    fill(store, "x", 200)
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_editor, args=(str(tmp_path / "s"), w, 25)) for w in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    man = store.manifest("x")
+    assert man.entries.is_tree and len(man) == 200 + 3 * 25
+    assert all(f"w{w}/{i:03d}" in man for w in range(3) for i in range(25))
