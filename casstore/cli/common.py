@@ -134,7 +134,7 @@ def resolve_digest(store: Store, value: str) -> Digest:
             raise ObjectNotFoundError(f"{value!r} is a file, not a digest; store it with `casstore put {value}` "
                                       "and use the digest that prints") from None
         raise ObjectNotFoundError(f"{value!r} is not a digest or digest prefix (and no such file exists); "
-                                  "list objects with `casstore ls`") from None
+                                  "list objects with `casstore ls --objects`") from None
 
 
 def add_actions(parent: argparse.ArgumentParser, command: str, dest: str) -> Action:
