@@ -19,6 +19,7 @@ from .common import Add, add_actions, open_from_args, workers_arg
 
 if TYPE_CHECKING:
     from .. import Remote
+    from ..sync import TransferReport
 
 __all__ = ["register"]
 
@@ -119,8 +120,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_report(report: Any, args: argparse.Namespace) -> None:
-    # Any: TransferReport is not among the package's public names yet.
+def _print_report(report: TransferReport, args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps({"refs": report.refs, "objects": report.objects, "bytes": report.bytes,
                           "present": report.present, "seconds": round(report.seconds, 3)}))
