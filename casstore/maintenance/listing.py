@@ -213,18 +213,25 @@ def _row(store: Store, name: str, kind: str, digest: Digest, internal: bool, url
     return NameRow(name, kind, digest, older + 1, capped, size, entries, when, internal, url)
 
 
-def name_rows(store: Store, *, include_internal: bool = False,
-              max_versions: int = DEFAULT_MAX_VERSIONS) -> List[NameRow]:
+def name_rows(store: Store, *, include_internal: bool = False, max_versions: int = DEFAULT_MAX_VERSIONS,
+              filters: Sequence[str] = ()) -> List[NameRow]:
     """A :class:`NameRow` per head and pin, sorted by name (internal ``_fetch/...`` ones only if asked).
 
-    ``max_versions``: how far each history walk counts (>= 1).
+    ``max_versions``: how far each history walk counts (>= 1).  ``filters`` on ``name`` and ``kind``
+    are applied before a name's versions are read (``--filter name=exp-*`` on a big store reads only
+    those names); the others are left to :func:`select_rows`.
     """
     if isinstance(max_versions, bool) or not isinstance(max_versions, int):
         raise InvalidTypeError(f"max_versions must be an int, not {type(max_versions).__name__}")
     if max_versions < 1:
         raise InvalidInputError(f"max_versions must be >= 1, not {max_versions}")
-    return [_row(store, n.name, n.kind, n.digest, n.internal, n.url, max_versions)
-            for n in store.names(include_internal=include_internal)]
+    early = [f for f in map(parse_filter, filters) if f.field in ("name", "kind")]
+    out = []
+    for n in store.names(include_internal=include_internal):
+        probe = NameRow(n.name, n.kind, n.digest, 0, False, 0, 0, None, n.internal)
+        if all(f.matches(probe, 0.0) for f in early):
+            out.append(_row(store, n.name, n.kind, n.digest, n.internal, n.url, max_versions))
+    return out
 
 
 def select_rows(rows: Sequence[NameRow], *, filters: Sequence[str] = (), sort: str = "name",
