@@ -333,7 +333,7 @@ class Store:
         """
         filters = list(filters)
         select_rows([], filters=filters, sort=sort)  # bad filters and sorts fail before any history is read
-        rows = name_rows(self, include_internal=include_internal, max_versions=max_versions)
+        rows = name_rows(self, include_internal=include_internal, max_versions=max_versions, filters=filters)
         return select_rows(rows, filters=filters, sort=sort, reverse=reverse)
 
     def pins(self) -> Dict[str, Digest]:
