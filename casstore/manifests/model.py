@@ -1312,7 +1312,12 @@ def open_tree(header: object, objects: Optional[NodeSource], what: str) -> TreeE
             f"level 0..{MAX_LEVEL}, entry count > 0, byte total >= 0]"
         )
     assert isinstance(header, list)
-    return TreeEntryMap._make(("", header[0], header[2], header[3]), header[1], _Reader(objects, {}, what))
+    m = TreeEntryMap._make(("", header[0], header[2], header[3]), header[1], _Reader(objects, {}, what))
+    if objects is not None:
+        # The root is read (verified, validated against the header's level, count and byte total)
+        # now: len() answers from the header, which must not be a hostile number.
+        m._reader.node(m._root, m._level, None, True)
+    return m
 
 
 def build_tree(items: Iterator[Tuple[str, Raw]], objects: Optional[NodeSource], what: str = "manifest") -> EntryMap:
