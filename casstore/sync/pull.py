@@ -239,6 +239,12 @@ def pull(store: Store, remote: Union[Remote, str], *names: str, merge: Union[boo
         doc = _remote_versions(store, rem, d, history=kind == "heads", into=fetched, nodes=nodes)
         for _key, h, size in doc.entries.hex_items():
             content[Digest(h)] = size
+    # A node decoded earlier in this process is served from the decoded-node cache without a read:
+    # fetch every walked node that is not here yet (verified by its hash; its content was validated).
+    for raw in list(nodes.seen):
+        nd = Digest(raw.hex())
+        if nd not in nodes.fetched and not objects.has(nd):
+            nodes.read(nd)
     # Tree nodes first (one durable batch; reversed fetch order puts children before parents), then
     # versions oldest first: a local version implies its nodes and ancestors are here too.
     if nodes.fetched:
