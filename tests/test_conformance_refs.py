@@ -1,14 +1,18 @@
 """The refs conformance suite (tests/_conformance.py) on every implementation.
 
-``LocalRefs`` (a per-name lock and an atomic rename) on a store in a temp
-directory; ``S3Refs`` (``If-Match`` / ``If-None-Match``, checked by the
+``LocalRefs`` (a per-name lock, and an exclusive claim of the name's next
+log position) on a store in a temp directory, and again with every lock
+granted to everyone (as some NFS and FUSE mounts do: the claim alone must
+give exactly one winner); ``S3Refs`` (``If-Match`` / ``If-None-Match``, checked by the
 server) on a fresh prefix of the shared SeaweedFS server.  The races run in
 spawned processes.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,6 +40,18 @@ def open_s3_refs(url: str, endpoint: str) -> RefStore:
     return casstore.Remote(url, endpoint_url=endpoint, progress=False).refs
 
 
+def _granted(fd: object, op: int) -> None:
+    """``flock`` on a filesystem that grants every lock to everyone."""
+
+
+def open_local_refs_lying(root: str) -> RefStore:
+    """The refs of the store at ``root`` in a child whose locks exclude nobody (lock_mode forced to
+    flock, so no probe switches to lease files: the case of locks that hold only within each host)."""
+    os.environ["CASSTORE_LOCK_MODE"] = "flock"
+    fcntl.flock = _granted
+    return casstore.open(root).refs
+
+
 class TestLocalRefs(RefStoreTests):
     @pytest.fixture
     def refs(self, tmp_path: Path) -> RefStore:
@@ -44,6 +60,18 @@ class TestLocalRefs(RefStoreTests):
     def opener(self, refs: RefStore) -> Callable[[], RefStore]:
         assert isinstance(refs, LocalRefs)
         return functools.partial(open_local_refs, str(refs.root))
+
+
+class TestLocalRefsLyingLocks(RefStoreTests):
+    @pytest.fixture
+    def refs(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RefStore:
+        monkeypatch.setenv("CASSTORE_LOCK_MODE", "flock")
+        monkeypatch.setattr(fcntl, "flock", _granted)
+        return open_local_refs(str(tmp_path / "store"))
+
+    def opener(self, refs: RefStore) -> Callable[[], RefStore]:
+        assert isinstance(refs, LocalRefs)
+        return functools.partial(open_local_refs_lying, str(refs.root))
 
 
 class TestS3Refs(RefStoreTests):
