@@ -140,7 +140,9 @@ def reader_worker(root: str, name: str, digest: str, stop: Any, q: Any) -> None:
         while not stop.is_set():
             try:
                 text = ref.read_text("ascii")
-                if len(text) != 72 or not text.startswith("blake3:") or not text.endswith("\n"):
+                lines = text.split("\n")  # "blake3:<64 hex>\n<claim log position>\n" (docs/format.md)
+                if len(lines) != 3 or len(lines[0]) != 71 or not lines[0].startswith("blake3:") \
+                        or not lines[1].isdigit() or lines[2]:
                     raise AssertionError(f"torn ref file content {text!r}")
                 m = store.manifest(name)
                 n = 0
@@ -169,7 +171,7 @@ def lock_everything_worker(root: str, name: str, ready: Any, release: Any, every
     for dirpath, _dirs, files in (os.walk(root) if everything else ()):
         for f in files:
             p = os.path.join(dirpath, f)
-            if p == str(lk.path):
+            if p == str(lk.path) or os.path.islink(p):  # a claim (refs/log) is a symbolic link: no file to lock
                 continue
             fd = os.open(p, os.O_RDONLY)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -280,7 +280,7 @@ def test_refs_move_by_rename_and_lock_files_stay_separate(mstore: casstore.Store
     old = mstore.heads()["team/exp"]
     rp = ref_file(mstore.root, "heads", "team/exp")
     assert rp == mstore.root / "refs" / "heads" / "team" / "exp"
-    assert rp.read_bytes() == f"{old}\n".encode()
+    assert rp.read_bytes() == f"{old}\n0\n".encode()  # the version and its claim log position (docs/format.md)
     assert stat.S_IMODE(rp.stat().st_mode) == 0o444
     lp = lock_file(mstore.root, "team/exp")
     assert lp.is_file() and lp.stat().st_size == 0
@@ -292,8 +292,8 @@ def test_refs_move_by_rename_and_lock_files_stay_separate(mstore: casstore.Store
         new = mstore.heads()["team/exp"]
         assert new != old
         # Replaced by rename: the old inode still holds the old, complete content.
-        assert before.read() == f"{old}\n".encode()
-    assert rp.read_bytes() == f"{new}\n".encode()
+        assert before.read() == f"{old}\n0\n".encode()
+    assert rp.read_bytes() == f"{new}\n1\n".encode()
     assert os.stat(rp).st_ino != ino
     assert lp.stat().st_ino == lock_ino  # the lock file is never replaced
     assert os.listdir(mstore.root / "tmp") == []
@@ -509,7 +509,7 @@ def test_freeze_makes_a_name_permanent_and_is_idempotent(mstore: casstore.Store,
             m.meta["k"] = "changed"
     st1 = pin_file.stat()
     assert (st1.st_ino, st1.st_mtime_ns) == (st0.st_ino, st0.st_mtime_ns)
-    assert ref_text(mstore.root, "pins", "exp") == f"{head}\n"
+    assert ref_text(mstore.root, "pins", "exp").split("\n")[0] == str(head)
     assert dict(mstore.manifest("exp")) == {"x": Entry(objs["a"], 1)} and mstore.manifest("exp").meta["k"] == "v"
     with pytest.raises(ObjectNotFoundError):
         mstore.freeze("never-existed")
