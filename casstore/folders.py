@@ -593,9 +593,10 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
     fault("folders.before_commit")  # every new object is published and durable by now
     with store.edit(name) as m:
         base = m.base
-        old = base.entries if base is not None else {}
+        # One pass over the head's entries (a tree-shaped manifest's random lookups cost more).
+        old = {k: e.digest for k, e in base.entries.items()} if base is not None else {}
         added = tuple(k for k in digests if k not in old)
-        modified = tuple(k for k, d in digests.items() if k in old and old[k].digest != d)
+        modified = tuple(k for k, d in digests.items() if k in old and old[k] != d)
         deleted = tuple(k for k in old if k not in digests)
         for k in added + modified:
             m[k] = digests[k]
@@ -639,12 +640,14 @@ def folder_status(store: Store, name: str, folder: object, *, version: Optional[
         if version is not None:
             raise
         base = None  # nothing added yet: every file is new
-    old = base.entries if base is not None else {}
+    # One pass over the version's entries (a tree-shaped manifest's random lookups cost more).
+    entries = list(base.entries.items()) if base is not None else []
+    old = {k: e.digest for k, e in entries}
     root_fd = _open_root(path)
     try:
         files, skipped = _walk(root_fd, patterns, _store_id(store))
         cache = _StatCache(store, path)
-        sizes = {k: e.size for k, e in old.items() if e.size is not None}
+        sizes = {k: e.size for k, e in entries if e.size is not None}
         digests, hashed, _ = _digests(store, root_fd, files, cache, keep=False, progress=progress,
                                       desc="status", need=sizes)
     finally:
@@ -652,8 +655,8 @@ def folder_status(store: Store, name: str, folder: object, *, version: Optional[
     cache.save({f.key for f in files})
     keys = {f.key for f in files}
     added = sorted(k for k in keys if k not in old)
-    modified = sorted(k for k in keys if k in old and digests.get(k) != old[k].digest)
-    unchanged = sorted(k for k in keys if k in old and digests.get(k) == old[k].digest)
+    modified = sorted(k for k in keys if k in old and digests.get(k) != old[k])
+    unchanged = sorted(k for k in keys if k in old and digests.get(k) == old[k])
     deleted = sorted(k for k in old if k not in keys)
     return FolderStatus(tuple(added), tuple(modified), tuple(deleted), tuple(unchanged), tuple(skipped),
                         base.digest if base is not None else None, hashed)

@@ -184,9 +184,9 @@ class _Walker:
             os.close(self.stack.pop()[1])
 
 
-def _conflicts(man: Manifest) -> None:
+def _conflicts(man: Manifest, ents: Dict[str, Entry]) -> None:
     """Refuse keys that need one path to be both a file and a directory ("a" and "a/b")."""
-    keys = list(man)  # sorted
+    keys = sorted(ents)
     for key in keys:
         j = bisect.bisect_left(keys, key + "/")
         if j < len(keys) and keys[j].startswith(key + "/"):
@@ -429,9 +429,11 @@ def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]],
                                 "files changed since casstore wrote them); for other files use overwrite=True")
     digest, name, _ = resolve_target(store, target)
     man = read_manifest(store, digest)
-    _conflicts(man)
+    # One pass over the entries: a large (tree-shaped) manifest is walked once, not once per step.
+    ents: Dict[str, Entry] = dict(man.entries.items())
+    _conflicts(man, ents)
     out = Path(os.fspath(outdir)).absolute()
-    for key, e in man.entries.items():
+    for key, e in ents.items():
         if not store.objects.has(e.digest):
             raise ObjectNotFoundError(
                 f"cannot check out {man.digest}: entry {key!r} refers to {e.digest}, which is not in the store "
@@ -443,23 +445,23 @@ def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]],
         log.warning("checkout record %s for %s is %s; treated as empty (sync removes nothing this time)",
                     rec.path, out, rec.damaged)
     try:
-        return _checkout(store, man, out, rec, overwrite=overwrite, sync=sync, link=link, force=force,
+        return _checkout(store, ents, out, rec, overwrite=overwrite, sync=sync, link=link, force=force,
                          progress=progress, rehash=rehash)
     except PermissionError as err:
         raise ReadOnlyError(f"cannot check out into {out}: {err.strerror} ({err.filename})") from None
 
 
-def _checkout(store: Store, man: Manifest, out: Path, rec: _Record, *, overwrite: bool, sync: bool, link: str,
+def _checkout(store: Store, ents: Dict[str, Entry], out: Path, rec: _Record, *, overwrite: bool, sync: bool, link: str,
               force: bool, progress: Optional[bool], rehash: bool) -> List[Path]:
     todo: List[Tuple[str, Entry, bool]] = []  # (key, entry, expected to exist: a replacement)
     kept: Dict[str, Tuple[Digest, StatKey]] = {}  # recorded files already in place (left alone)
     root_fd = _open_target(out, create=False)
     if root_fd is None:
-        todo = [(k, e, False) for k, e in man.entries.items()]
+        todo = [(k, e, False) for k, e in ents.items()]
     else:
         walker = _Walker(root_fd, out, overwrite=overwrite, create=False)
         try:
-            for key, e in man.entries.items():
+            for key, e in ents.items():
                 parts = key.split("/")
                 pfd = walker.parent(parts[:-1])
                 if pfd is None:
@@ -494,8 +496,8 @@ def _checkout(store: Store, man: Manifest, out: Path, rec: _Record, *, overwrite
     finally:
         # Record what was written even after a failure midway: those files are casstore's to sync later.
         # Removal runs only after every new file is in place, so a failed sync removes nothing.
-        removed = _remove_stale(out, man, rec, force=force) if sync and ok else set()
-        files = {} if sync and ok else {k: v for k, v in rec.files.items() if k not in man.entries}
+        removed = _remove_stale(out, ents, rec, force=force) if sync and ok else set()
+        files = {} if sync and ok else {k: v for k, v in rec.files.items() if k not in ents}
         files.update(kept)
         files.update(new_files)
         rec.files = files
@@ -540,10 +542,10 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
         os.close(root_fd)
 
 
-def _remove_stale(out: Path, man: Manifest, rec: _Record, *, force: bool) -> Set[str]:
+def _remove_stale(out: Path, ents: Dict[str, Entry], rec: _Record, *, force: bool) -> Set[str]:
     """Remove recorded files the new version lacks (unmodified, or any file/link with ``force``); then
     recorded directories left empty.  Returns the directories removed."""
-    stale = sorted(k for k in rec.files if k not in man.entries)
+    stale = sorted(k for k in rec.files if k not in ents)
     gone_dirs: Set[str] = set()
     if not stale and not rec.dirs:
         return gone_dirs
@@ -570,7 +572,7 @@ def _remove_stale(out: Path, man: Manifest, rec: _Record, *, force: bool) -> Set
                     left.append(key)
             finally:
                 os.close(pfd)
-        needed = {"/".join(k.split("/")[:i]) for k in man.entries for i in range(1, k.count("/") + 1)}
+        needed = {"/".join(k.split("/")[:i]) for k in ents for i in range(1, k.count("/") + 1)}
         for d in sorted(rec.dirs - needed, key=lambda d: -d.count("/")):  # deepest first
             parts = d.split("/")
             pfd = _open_parent(root_fd, parts[:-1])
