@@ -136,6 +136,7 @@ def _json_args(path: Tuple[str, ...], tmp_path: Path, names: Dict[str, str]) -> 
         ("verify",): [],
         ("du",): [],
         ("stats",): [],
+        ("doctor",): [],
         ("cache", "info"): ["cache1"],
         ("cache", "verify"): ["cache1"],
     }[path]
