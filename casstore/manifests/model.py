@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, NoReturn, Optional, Protocol, Set, Tuple, Union
@@ -812,6 +813,7 @@ NODE_KIND = "manifest-node"
 
 _LEAF_CUT = (1 << 64) // LEAF_TARGET
 _CACHE_MAX = 4096  # decoded nodes kept per process (upper levels stay hot for lookups)
+_PREFETCH_THREADS = 4  # leaf reads ahead of the decoding thread when iterating a large tree
 
 Raw = List[Any]
 """An encoded entry: ``[digest bytes, size, meta?]``."""
@@ -996,9 +998,11 @@ class _Reader:
         self.pending = pending
         self.what = what
 
-    def node(self, ref: Ref, level: int, lo: Optional[str], root: bool, *, cache: bool = True) -> Node:
+    def node(self, ref: Ref, level: int, lo: Optional[str], root: bool, *, cache: bool = True,
+             fetched: Optional[Future[bytes]] = None) -> Node:
         """Node ``ref`` of ``level``: verified, validated, and checked against what its parent says
-        (keys after ``lo`` and ending at ``ref``'s last key, its count and byte total)."""
+        (keys after ``lo`` and ending at ``ref``'s last key, its count and byte total).
+        ``fetched``: its bytes being read already (:meth:`fetch`)."""
         d = ref[1]
         got = self.pending.get(d)
         if got is not None:
@@ -1010,7 +1014,7 @@ class _Reader:
             if self.source is None:
                 raise StoreFormatError(f"{self.what} is tree-shaped; its nodes can only be read from a store")
             try:
-                data = self.source.read(Digest(d.hex()), verify=True)
+                data = fetched.result() if fetched is not None else self.source.read(Digest(d.hex()), verify=True)
             except ObjectNotFoundError:
                 raise ObjectNotFoundError(
                     f"{self.what}: tree node blake3:{d.hex()} is missing from the store; pull the version "
@@ -1026,6 +1030,13 @@ class _Reader:
                 _CACHE[d] = (level, node)
         self._check(node, ref, lo, root)
         return node
+
+    def fetch(self, pool: ThreadPoolExecutor, ref: Ref) -> Optional[Future[bytes]]:
+        """Start reading node ``ref``'s bytes (verified) on ``pool``; ``None`` if it needs no read."""
+        d = ref[1]
+        if self.source is None or d in self.pending or d in _CACHE:
+            return None
+        return pool.submit(self.source.read, Digest(d.hex()), verify=True)
 
     def _check(self, node: Node, ref: Ref, lo: Optional[str], root: bool) -> None:
         if isinstance(node, dict):
@@ -1140,16 +1151,39 @@ class TreeEntryMap(EntryMap):
     def raw_items(self) -> Iterator[Tuple[str, Raw]]:
         """``(key, encoded entry)`` in key order, streamed leaf by leaf (memory: one node per level)."""
         r = self._reader
-        stack: List[Tuple[Ref, int, Optional[str], bool]] = [(self._root, self._level, None, True)]
-        while stack:
-            ref, level, lo, root = stack.pop()
-            node = r.node(ref, level, lo, root, cache=level > 1)
-            if isinstance(node, dict):
-                yield from node.items()
-                continue
-            keys, refs = node
-            for i in range(len(refs) - 1, -1, -1):
-                stack.append((refs[i], level - 1, keys[i - 1] if i else lo, False))
+        if self._level < 2:
+            stack: List[Tuple[Ref, int, Optional[str], bool]] = [(self._root, self._level, None, True)]
+            while stack:
+                ref, level, lo, root = stack.pop()
+                node = r.node(ref, level, lo, root)
+                if isinstance(node, dict):
+                    yield from node.items()
+                    continue
+                keys, refs = node
+                for i in range(len(refs) - 1, -1, -1):
+                    stack.append((refs[i], level - 1, keys[i - 1] if i else lo, False))
+            return
+        # Large trees: the leaves under each level-1 node are read (open, read, hash: mostly without
+        # the GIL) on a few threads while this one decodes and validates (the GIL-bound half): about
+        # 1.3-1.5x on 100,000 entries here (noisy, shared 2-core VM).  Every node gets the same checks.
+        with ThreadPoolExecutor(_PREFETCH_THREADS, thread_name_prefix="casstore-tree") as pool:
+            todo: List[Tuple[Ref, int, Optional[str], bool, Optional[Future[bytes]]]] = [
+                (self._root, self._level, None, True, None)]
+            try:
+                while todo:
+                    ref, level, lo, root, fut = todo.pop()
+                    node = r.node(ref, level, lo, root, cache=level > 1, fetched=fut)
+                    if isinstance(node, dict):
+                        yield from node.items()
+                        continue
+                    keys, refs = node
+                    futs = [r.fetch(pool, c) if level == 1 else None for c in refs]
+                    for i in range(len(refs) - 1, -1, -1):
+                        todo.append((refs[i], level - 1, keys[i - 1] if i else lo, False, futs[i]))
+            finally:
+                for item in todo:
+                    if item[4] is not None:
+                        item[4].cancel()
 
     def ceiling(self, key: str) -> Optional[str]:
         """The first key ``>= key``, or ``None`` (one node read per level)."""
