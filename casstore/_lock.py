@@ -420,7 +420,7 @@ class LeaseStrategy(LockStrategy):
         """Create the lease, or wait for it (taking over a stale one, exactly one waiter winning)."""
         lease = lease_path(lock.path)
         w = _Wait(lock)
-        seen: Optional[Tuple[int, int, int]] = None
+        seen: Optional[_Sig] = None
         changed = w.start
         while True:
             fd = self._create(lock, lease)
@@ -439,7 +439,7 @@ class LeaseStrategy(LockStrategy):
             if sig != seen:
                 seen, changed = sig, now
             if now >= w.next_check:
-                w.saw(sig[1:], holder if beats else None, now)
+                w.saw((sig[1], sig[2]), holder if beats else None, now)
             stale_after = _MIN_BEATS * holder.every if holder is not None else LEASE_EXPIRY
             if (holder is not None and holder.alive() is False) or now - changed >= stale_after:
                 if self._steal(lock, lease, sig, holder):
@@ -487,7 +487,7 @@ class LeaseStrategy(LockStrategy):
         if beats:
             lock._beat = _Beat(fd, every)
 
-    def _steal(self, lock: FileLock, lease: Path, sig: Tuple[int, int, int], holder: Optional[Holder]) -> bool:
+    def _steal(self, lock: FileLock, lease: Path, sig: _Sig, holder: Optional[Holder]) -> bool:
         """Replace the stale lease ``sig`` by ours; False if someone else ends it or it showed life."""
         claims = _claim(lease, sig[0])
         if claims is None:
@@ -529,23 +529,29 @@ class LeaseStrategy(LockStrategy):
             try:
                 cfd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
             except FileExistsError:
-                log.warning("the lease on %s (%s) was taken over while this process held it (it was presumed "
-                            "dead: stopped longer than the lease expiry?); the work done under it may have "
-                            "overlapped another process's", lock.what, lease)
+                _taken_over(lock, lease)  # a stealer is ending it right now
                 return
             except OSError:
                 return  # the directory went away: nothing left to release
             os.close(cfd)
             try:
                 st = os.stat(lease)
-                if st.st_ino == ino:
+                if st.st_ino == ino:  # our open descriptor keeps our inode number from being reused
                     os.unlink(lease)
+                else:
+                    _taken_over(lock, lease)
             except FileNotFoundError:
-                pass
+                _taken_over(lock, lease)
             finally:
                 _unlink(claim)
         finally:
             os.close(fd)
+
+
+def _taken_over(lock: FileLock, lease: Path) -> None:
+    log.warning("the lease on %s (%s) was taken over while this process held it (it was presumed dead: "
+                "stopped longer than the lease expiry?); work done under it may have overlapped another "
+                "process's", lock.what, lease)
 
 
 def _unlink(path: Path) -> None:
@@ -555,8 +561,15 @@ def _unlink(path: Path) -> None:
         pass
 
 
-def _look(lease: Path) -> Tuple[Optional[Tuple[int, int, int]], Optional[Holder], bool]:
-    """(inode, mtime_ns, size) of the lease, its holder record and whether that holder beats."""
+_Sig = Tuple[int, int, int, bytes]
+
+
+def _look(lease: Path) -> Tuple[Optional[_Sig], Optional[Holder], bool]:
+    """The lease's identity (inode, mtime_ns, size, record bytes), its holder and whether that holder beats.
+
+    The record (pid, host, start time to the microsecond) is part of the identity: an inode
+    number is reused once a lease is removed, and a coarse mtime can repeat within a tick.
+    """
     try:
         fd = os.open(lease, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -568,7 +581,7 @@ def _look(lease: Path) -> Tuple[Optional[Tuple[int, int, int]], Optional[Holder]
         return None, None, False
     finally:
         os.close(fd)
-    return (st.st_ino, st.st_mtime_ns, st.st_size), _parse_holder(data, st.st_mtime_ns / 1e9), _beats(data)
+    return (st.st_ino, st.st_mtime_ns, st.st_size, data), _parse_holder(data, st.st_mtime_ns / 1e9), _beats(data)
 
 
 def _claim(lease: Path, ino: int) -> Optional[List[Path]]:

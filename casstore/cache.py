@@ -887,11 +887,12 @@ class IndexCache:
         return self._dir / "lock"
 
     def _lock(self, p: _Proc) -> None:
+        if not p.mode:
+            strategy, p.key = strategy_for(self._lock_path())
+            p.mode = strategy.name
         if p.mode != "lease":
             if p.lock_fd < 0:
                 p.lock_fd = os.open(self._lock_path(), os.O_RDWR | os.O_CLOEXEC)
-                strategy, p.key = strategy_for(self._lock_path())
-                p.mode = strategy.name
             try:
                 if not self._try_lock(p):
                     self._lock_wait(p)
