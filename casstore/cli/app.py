@@ -23,13 +23,13 @@ from typing import Optional, Sequence
 
 from .. import __version__
 from ..errors import CasstoreError
-from . import cache, config, folders, maintenance, manifests, objects, pipelines, remote
+from . import cache, config, doctor, folders, maintenance, manifests, objects, pipelines, remote
 from .common import JSON_HELP, Command, Parser, add_global_options, print_help
 
 __all__ = ["main", "build_parser"]
 
 # One module per feature; each defines register(add).  The order is the order in --help.
-_COMMAND_MODULES = (objects, folders, manifests, config, pipelines, remote, maintenance, cache)
+_COMMAND_MODULES = (objects, folders, manifests, config, pipelines, remote, maintenance, cache, doctor)
 
 
 def build_parser() -> Parser:
