@@ -46,7 +46,22 @@ import hashlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, NoReturn, Optional, Protocol, Set, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    ItemsView,
+    Iterator,
+    List,
+    Mapping,
+    NoReturn,
+    Optional,
+    Protocol,
+    Set,
+    Tuple,
+    Union,
+    ValuesView,
+)
 
 import msgpack
 
@@ -334,6 +349,26 @@ def entry_to_raw(e: Entry) -> List[Any]:
     return _encode_entry(e)
 
 
+class _EntryItems(ItemsView[str, Entry]):
+    """``entries.items()`` streamed from the encoded entries (a tree's leaves), not one lookup per key."""
+
+    _mapping: EntryMap
+
+    def __iter__(self) -> Iterator[Tuple[str, Entry]]:
+        for k, raw in self._mapping.raw_items():
+            yield k, _trusted_entry(raw)
+
+
+class _EntryValues(ValuesView[Entry]):
+    """``entries.values()`` streamed like :class:`_EntryItems`."""
+
+    _mapping: EntryMap
+
+    def __iter__(self) -> Iterator[Entry]:
+        for _k, raw in self._mapping.raw_items():
+            yield _trusted_entry(raw)
+
+
 class EntryMap(Mapping[str, Entry]):
     """The entries of a manifest version: ``Mapping[str, Entry]``, keys valid and sorted, immutable.
 
@@ -403,6 +438,14 @@ class EntryMap(Mapping[str, Entry]):
         if a is None or b is None:
             raise KeyError(key)
         return same_raw(a, b)
+
+    def items(self) -> ItemsView[str, Entry]:
+        """Entries in key order, streamed (a tree reads each leaf once, not one lookup per key)."""
+        return _EntryItems(self)
+
+    def values(self) -> ValuesView[Entry]:
+        """Entries in key order, streamed like :meth:`items`."""
+        return _EntryValues(self)
 
     def raw(self, key: str) -> Optional[List[Any]]:
         """The encoded entry ``[digest bytes, size, meta?]`` of ``key``, or ``None`` (do not modify it)."""

@@ -41,7 +41,21 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, MutableMapping, Optional, Tuple, Type, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    ItemsView,
+    Iterator,
+    List,
+    Mapping,
+    MutableMapping,
+    Optional,
+    Tuple,
+    Type,
+    Union,
+    ValuesView,
+)
 
 import msgpack
 
@@ -180,6 +194,14 @@ class Manifest(Mapping[str, Entry]):
 
     def __contains__(self, key: object) -> bool:
         return key in self.doc.entries
+
+    def items(self) -> ItemsView[str, Entry]:
+        """Entries in key order, streamed (a tree-shaped version reads each leaf once)."""
+        return self.doc.entries.items()
+
+    def values(self) -> ValuesView[Entry]:
+        """Entries in key order, streamed."""
+        return self.doc.entries.values()
 
     def __repr__(self) -> str:
         label = f" {self.name!r}" if self.name else ""
