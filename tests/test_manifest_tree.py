@@ -432,3 +432,15 @@ def test_a_damaged_leaf_deep_in_a_large_tree_stops_iteration(tmp_path: Path) -> 
     os.unlink(store.objects.path(victim))
     with pytest.raises(ObjectNotFoundError, match=str(man.digest)):
         list(casstore.open(tmp_path / "s").manifest("x").items())
+
+
+def test_usage_counts_a_trees_entries_and_its_nodes(tmp_path: Path) -> None:
+    store = casstore.open(tmp_path / "s")
+    fill(store, "x", 500)
+    man = store.manifest("x")
+    nodes = node_digests(man.entries)
+    node_bytes = sum(store.objects.stat(casstore.Digest(h)).size for h in nodes)
+    row = next(r for r in store.usage().by_name if r.name == "x")
+    assert row.entries == 500 and row.logical_bytes == 500
+    assert row.objects == len(nodes) + 1 + 5  # the nodes, the version object, five entry objects
+    assert row.stored_bytes >= node_bytes + store.objects.stat(man.digest).size

@@ -27,6 +27,8 @@ from ..objects.local import ObjFile
 from ..objects.reader import open_object_file
 from .graph import Graph, entry_refs, version_refs
 
+_DAMAGE = (IntegrityError, StoreFormatError, ObjectNotFoundError)  # a tree node missing or damaged
+
 if TYPE_CHECKING:
     from ..store import Store
 
@@ -223,17 +225,19 @@ def usage(store: Store, *, shares: Iterable[str] = ()) -> Usage:
             doc = read(d, f"{kind} {name!r}")
             if doc is not None:
                 objs[d.hex] = 1
-                for key, h, size in version_refs(doc, set()):
-                    objs[h] = 1
-                    if not key:  # a tree node: stored bytes of this name, no entry, no logical bytes
-                        continue
-                    n_entries += 1
-                    sz = size if size is not None else logical.get(h, 0)
-                    lbytes += sz
-                    objs[h] = 1
-                    live_entry.setdefault(h, sz)
-                    if h not in stored:
-                        missing += 1
+                try:
+                    for key, h, size in version_refs(doc, set()):
+                        objs[h] = 1
+                        if not key:  # a tree node: stored bytes of this name, no entry, no logical bytes
+                            continue
+                        n_entries += 1
+                        sz = size if size is not None else logical.get(h, 0)
+                        lbytes += sz
+                        live_entry.setdefault(h, sz)
+                        if h not in stored:
+                            missing += 1
+                except _DAMAGE:
+                    pass  # a missing or damaged tree node: verify reports it; usage counts what it read
             live_logical += lbytes
             for h in objs:
                 counts[h] = counts.get(h, 0) + 1
@@ -258,8 +262,11 @@ def usage(store: Store, *, shares: Iterable[str] = ()) -> Usage:
                 # Tree-shaped: nodes shared with versions already counted are skipped with their
                 # subtrees (100 versions of a 1M-entry tree must not cost 100 full walks); the
                 # version's logical bytes come from its recorded total (entries of unknown size count 0).
-                for _key, h, _size in version_refs(doc, hist_nodes):
-                    referenced.add(h)
+                try:
+                    for _key, h, _size in version_refs(doc, hist_nodes):
+                        referenced.add(h)
+                except _DAMAGE:
+                    pass  # verify reports it; usage counts what it can read
                 vbytes = head[3]
             else:
                 for _key, h, size in entry_refs(doc):
