@@ -21,6 +21,13 @@ Two sidecar files in ``<root>/locks``:
 Lock order: a name lock (``locks/names/...``) before these; GC takes no name
 lock, so the two can never deadlock.  Like every casstore lock these only
 serialize; correctness of objects never depends on them.
+
+On the lease path (``_lock.py``: locks missing or not enforced) both are
+lease files, and a lease is exclusive even when taken ``shared``: committers
+then serialize on ``gc.lock`` for the milliseconds each holds it, and GC still
+excludes them all.  The gate keeps its role (a GC holding it stops new
+committers), and nothing here nests a lock of the same file, which a lease
+would wait on forever.
 """
 
 from __future__ import annotations
