@@ -26,8 +26,8 @@ On the lease path (``_lock.py``: locks missing or not enforced) both are
 lease files, and a lease is exclusive even when taken ``shared``: committers
 then serialize on ``gc.lock`` for the milliseconds each holds it, and GC still
 excludes them all.  The gate keeps its role (a GC holding it stops new
-committers), and nothing here nests a lock of the same file, which a lease
-would wait on forever.
+committers), and nothing here nests a lock of the same file (a lease would
+wait for itself until the timeout).
 """
 
 from __future__ import annotations

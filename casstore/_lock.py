@@ -126,6 +126,19 @@ _MIN_BEATS = 3.0  # a stall is at least this many missed beats, whatever the wai
 _MAX_EVERY = 60.0  # a hostile record cannot stretch the stall limit beyond 3 minutes
 _HOST = socket.gethostname()
 
+
+def _pid_namespace() -> str:
+    # Containers on one host often share a host name (``--net=host``) but not a pid namespace:
+    # a pid that is "dead" here may be a live holder in the container next door, whose lease
+    # must not be taken over as dead.  The namespace's inode names it ("" where unknowable).
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+_PIDNS = _pid_namespace()
+
 LEASE_EXPIRY = 30.0
 """Seconds a lease whose holder does not beat (an edit, a pin: milliseconds) may stay unchanged before a
 waiter takes it over; a beating holder's lease is stale after three missed beats instead."""
@@ -169,10 +182,13 @@ class Holder:
     """What it holds the lock for."""
     beat: float
     """The lock file's mtime: its last beat (``time.time()`` scale, the file system's clock)."""
+    pidns: str = ""
+    """The holder's pid namespace (``pid:[4026531836]``), "" if it did not record one."""
 
     def alive(self) -> Optional[bool]:
-        """Is the holder process alive?  ``None`` when it runs on another host (unknowable from here)."""
-        if self.host != _HOST:
+        """Is the holder process alive?  ``None`` when it runs on another host or in another pid
+        namespace (a container sharing this host name): unknowable from here."""
+        if self.host != _HOST or (self.pidns and self.pidns != _PIDNS):
             return None
         try:
             os.kill(self.pid, 0)
@@ -209,7 +225,8 @@ def _parse_holder(data: bytes, mtime: float) -> Optional[Holder]:
     if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < 1 << 31 or started is None \
             or every is None or not 0 < every <= _MAX_EVERY:
         return None
-    return Holder(pid, _text(doc.get("host"), 255), started, every, _text(doc.get("what"), 200), mtime)
+    return Holder(pid, _text(doc.get("host"), 255), started, every, _text(doc.get("what"), 200), mtime,
+                  _text(doc.get("pidns", ""), 64) if doc.get("pidns") else "")
 
 
 def _peek(path: Path, fd: int) -> Tuple[Tuple[int, int], Optional[Holder]]:
@@ -258,8 +275,8 @@ def lease_path(path: Path) -> Path:
 
 
 def _record(what: str, every: float, beats: bool) -> bytes:
-    doc = {"pid": os.getpid(), "host": _HOST, "started": time.time(), "every": every, "what": what[:200],
-           "beats": beats}
+    doc = {"pid": os.getpid(), "host": _HOST, "pidns": _PIDNS, "started": time.time(), "every": every,
+           "what": what[:200], "beats": beats}
     data = json.dumps(doc).encode("utf-8")[: _RECORD_SIZE - 1]
     return data.ljust(_RECORD_SIZE - 1) + b"\n"
 
