@@ -66,7 +66,7 @@ from ..objects.local import LocalObjects, ObjFile
 from ..objects.reader import open_object_file
 from .durations import Duration, parse_duration
 from .files import ObjectDirs
-from .graph import Graph, compute_live, entry_refs
+from .graph import Graph, compute_live, version_refs
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -348,6 +348,7 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
     unreadable: Set[str] = set()  # versions that hash fine but do not decode
     g = Graph(objects)
     seen_versions: Set[Digest] = set()
+    walked_nodes: Set[bytes] = set()
     for kind in ("pins", "heads"):
         for name, d in store.refs.list(kind).items():
             label = f"{kind[:-1]} {name!r}"
@@ -374,10 +375,21 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
                     break
                 seen_versions.add(cur)
                 need.setdefault(h, []).append(f"{where} (manifest version)")
-                for key, eh, size in entry_refs(doc):
-                    need.setdefault(eh, []).append(f"{where} entry {key!r}")
-                    if size is not None:
-                        expected.setdefault(eh, size)
+                try:
+                    # Tree-shaped versions: node objects are needed too (yielded before they are read,
+                    # so a missing or corrupt one is reported by the object pass); shared nodes once.
+                    for key, eh, size in version_refs(doc, walked_nodes):
+                        if not key:
+                            need.setdefault(eh, []).append(f"{where} (manifest tree node)")
+                            continue
+                        need.setdefault(eh, []).append(f"{where} entry {key!r}")
+                        if size is not None:
+                            expected.setdefault(eh, size)
+                except (ObjectNotFoundError, IntegrityError):
+                    pass  # the node is in `need`: the object pass reports it missing or corrupt
+                except StoreFormatError as e:
+                    details.setdefault(h, str(e))
+                    unreadable.add(h)
                 cur = doc.parent
                 depth += 1
 
