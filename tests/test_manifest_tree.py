@@ -444,3 +444,15 @@ def test_usage_counts_a_trees_entries_and_its_nodes(tmp_path: Path) -> None:
     assert row.entries == 500 and row.logical_bytes == 500
     assert row.objects == len(nodes) + 1 + 5  # the nodes, the version object, five entry objects
     assert row.stored_bytes >= node_bytes + store.objects.stat(man.digest).size
+
+
+def test_verify_needs_tree_nodes_and_reports_a_missing_one(tmp_path: Path) -> None:
+    store = casstore.open(tmp_path / "s")
+    fill(store, "x", 300)
+    assert store.verify().ok
+    nodes = sorted(node_digests(store.manifest("x").entries))
+    victim = casstore.Digest(nodes[0])
+    os.unlink(store.objects.path(victim))
+    model._CACHE.clear()  # noqa: SLF001
+    report = casstore.open(tmp_path / "s").verify()
+    assert not report.ok and victim in report.missing
