@@ -456,3 +456,34 @@ def test_verify_needs_tree_nodes_and_reports_a_missing_one(tmp_path: Path) -> No
     model._CACHE.clear()  # noqa: SLF001
     report = casstore.open(tmp_path / "s").verify()
     assert not report.ok and victim in report.missing
+
+
+def test_diverged_tree_heads_merge_on_pull(tmp_path: Path, remote: casstore.Remote) -> None:
+    a = casstore.open(tmp_path / "a")
+    ds = fill(a, "x", 300)
+    a.push(remote, "x")
+    b = casstore.open(tmp_path / "b")
+    b.pull(remote, "x")
+    with a.edit("x") as m:
+        m["only/a"] = ds[0]
+        del m[key(5)]
+    a.push(remote, "x")
+    mine = ds[4] if b.manifest("x")[key(7)].digest != ds[4] else ds[3]
+    with b.edit("x") as m:
+        m["only/b"] = ds[1]
+        m[key(7)] = mine
+    b.pull(remote, "x")  # three-way merge of two trees
+    merged = b.manifest("x")
+    assert merged.entries.is_tree
+    assert "only/a" in merged and "only/b" in merged and key(5) not in merged
+    assert merged[key(7)].digest == mine
+    assert len(merged) == 300 + 2 - 1
+
+
+def test_checkout_of_a_tree_writes_every_file(tmp_path: Path) -> None:
+    store = casstore.open(tmp_path / "s")
+    fill(store, "x", 200)
+    out = tmp_path / "out"
+    store.checkout("x", out)
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert files == sorted(store.manifest("x"))
