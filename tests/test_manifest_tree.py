@@ -487,3 +487,23 @@ def test_checkout_of_a_tree_writes_every_file(tmp_path: Path) -> None:
     store.checkout("x", out)
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert files == sorted(store.manifest("x"))
+
+
+def test_folder_add_and_status_on_a_tree(tmp_path: Path) -> None:
+    store = casstore.open(tmp_path / "s")
+    src = tmp_path / "src"
+    for i in range(60):
+        p = src / f"d{i % 4}" / f"f{i:03d}.txt"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"content %d" % i)
+    store.add("folder", src)
+    assert store.manifest("folder").entries.is_tree
+    (src / "d1" / "f001.txt").write_bytes(b"changed, longer")
+    (src / "d2" / "f002.txt").unlink()
+    (src / "new.txt").write_bytes(b"new")
+    st_ = store.status("folder", src)
+    assert st_.modified == ("d1/f001.txt",) and st_.deleted == ("d2/f002.txt",) and st_.added == ("new.txt",)
+    assert len(st_.unchanged) == 58
+    store.add("folder", src)
+    man = store.manifest("folder")
+    assert len(man) == 60 and man["new.txt"].size == 3 and "d2/f002.txt" not in man
