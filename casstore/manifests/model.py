@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -95,6 +96,7 @@ __all__ = [
     "build_tree",
     "shape_for_store",
     "walk_tree",
+    "clear_node_cache",
     "MAX_KEY_BYTES",
     "MAX_SEGMENT_BYTES",
     "MAX_SEGMENTS",
@@ -855,7 +857,7 @@ MAX_LEVEL = 40
 NODE_KIND = "manifest-node"
 
 _LEAF_CUT = (1 << 64) // LEAF_TARGET
-_CACHE_MAX = 4096  # decoded nodes kept per process (upper levels stay hot for lookups)
+_CACHE_MAX = 4096  # decoded nodes kept per source (upper levels stay hot for lookups)
 _PREFETCH_THREADS = 4  # leaf reads ahead of the decoding thread when iterating a large tree
 
 Raw = List[Any]
@@ -865,7 +867,28 @@ Ref = Tuple[str, bytes, int, int]
 Node = Union[Dict[str, Raw], Tuple[List[str], List[Ref]]]
 """A decoded node: a leaf's entries, or an internal node's (last keys, children)."""
 
-_CACHE: Dict[bytes, Tuple[int, Node]] = {}
+# Decoded nodes, per source (per ObjectStore instance): a digest names one content forever, but a
+# node cached from one store must not stand in for a node another store lacks (pin and pull check
+# that every node is present by reading it).
+_CACHES: weakref.WeakKeyDictionary[NodeSource, Dict[bytes, Tuple[int, Node]]] = weakref.WeakKeyDictionary()
+
+
+def _cache_for(source: Optional[NodeSource]) -> Dict[bytes, Tuple[int, Node]]:
+    if source is None:
+        return {}
+    try:
+        got = _CACHES.get(source)
+        if got is None:
+            got = _CACHES[source] = {}
+        return got
+    except TypeError:  # a source that cannot be weakly referenced: no cache
+        return {}
+
+
+def clear_node_cache() -> None:
+    """Forget every decoded tree node (tests measuring reads; nothing else needs it)."""
+    for cache in list(_CACHES.values()):
+        cache.clear()
 
 
 def _rank_hash(key: str) -> int:
@@ -1033,13 +1056,14 @@ def _decode_node(data: bytes, d: bytes, level: int, what: str) -> Node:
 class _Reader:
     """Reads and validates the nodes of one version (from its store, and from nodes not yet stored)."""
 
-    __slots__ = ("source", "pending", "what")
+    __slots__ = ("source", "pending", "what", "cache")
 
     def __init__(self, source: Optional[NodeSource], pending: Dict[bytes, Tuple[bytes, int, Node]],
                  what: str) -> None:
         self.source = source
         self.pending = pending
         self.what = what
+        self.cache = _cache_for(source)
 
     def node(self, ref: Ref, level: int, lo: Optional[str], root: bool, *, cache: bool = True,
              fetched: Optional[Future[bytes]] = None) -> Node:
@@ -1050,7 +1074,7 @@ class _Reader:
         got = self.pending.get(d)
         if got is not None:
             return got[2]
-        hit = _CACHE.get(d)
+        hit = self.cache.get(d)
         if hit is not None and hit[0] == level:
             node = hit[1]
         else:
@@ -1065,19 +1089,19 @@ class _Reader:
                 ) from None
             node = _decode_node(data, d, level, self.what)
             if cache:
-                if len(_CACHE) >= _CACHE_MAX:
-                    try:  # best effort, no lock (see model._remember)
-                        _CACHE.pop(next(iter(_CACHE)), None)
+                if len(self.cache) >= _CACHE_MAX:
+                    try:  # best effort, no lock (see _remember)
+                        self.cache.pop(next(iter(self.cache)), None)
                     except (StopIteration, RuntimeError):
                         pass
-                _CACHE[d] = (level, node)
+                self.cache[d] = (level, node)
         self._check(node, ref, lo, root)
         return node
 
     def fetch(self, pool: ThreadPoolExecutor, ref: Ref) -> Optional[Future[bytes]]:
         """Start reading node ``ref``'s bytes (verified) on ``pool``; ``None`` if it needs no read."""
         d = ref[1]
-        if self.source is None or d in self.pending or d in _CACHE:
+        if self.source is None or d in self.pending or d in self.cache:
             return None
         return pool.submit(self.source.read, Digest(d.hex()), verify=True)
 
