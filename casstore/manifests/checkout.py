@@ -89,6 +89,8 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLO
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _FICLONE = 0x40049409  # linux/fs.h
+# linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N links the open inode itself (Linux; no privilege needed).
+_PROC_FD = os.path.isdir("/proc/self/fd")
 _CHUNK = 1 << 20
 
 
@@ -253,11 +255,14 @@ def _fill(store: Store, e: Entry, fd: int, dest: Path, *, strict_reflink: bool) 
 
 
 def _link_object(store: Store, e: Entry, pfd: int, tmp: str, dest: Path, link: str,
-                 trust: Optional[HashRecord]) -> Optional[os.stat_result]:
+                 trust: Optional[HashRecord], *, direct: bool = False) -> Optional[os.stat_result]:
     """Make ``tmp`` (in ``pfd``) a hard or symbolic link to the entry's raw object, verified first.
 
     ``trust``: skip the hash when casstore hashed this very file (exact stat, ctime included)
     within ``TRUST_SECONDS`` (:class:`~casstore.objects.HashRecord`); ``None``: always hash.
+    ``direct`` (hard links to a key nothing occupies): ``tmp`` is the key itself; the link
+    fails if anything appeared there, so nothing is replaced and no temp name or rename is
+    needed (a metadata-bound checkout: fewer system calls per file).
     Returns the object file's stat before a hard link (whose ctime the link and rename move).
     """
     objects = store.objects
@@ -274,8 +279,20 @@ def _link_object(store: Store, e: Entry, pfd: int, tmp: str, dest: Path, link: s
         if link == "symlink":
             os.symlink(path, tmp, dir_fd=pfd)  # the object's inode is untouched: its record stays valid
             return None
+        if direct:
+            fault("manifest.checkout_before_rename")  # the point just before a file appears under its key
         try:
-            os.link(path, tmp, dst_dir_fd=pfd, follow_symlinks=False)
+            if _PROC_FD:
+                # The very inode just verified (open fd), whatever the object path names by now.
+                os.link(f"/proc/self/fd/{src}", tmp, dst_dir_fd=pfd, follow_symlinks=True)
+            else:
+                os.link(path, tmp, dst_dir_fd=pfd, follow_symlinks=False)
+        except FileExistsError:
+            if not direct:
+                raise
+            raise InvalidInputError(
+                f"{dest} appeared while checking out (now {_describe(pfd, tmp)}); pass overwrite=True to replace it"
+            ) from None
         except OSError as err:
             if err.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP):
                 raise InvalidInputError(
@@ -283,9 +300,11 @@ def _link_object(store: Store, e: Entry, pfd: int, tmp: str, dest: Path, link: s
                     "the folder must be on one filesystem that allows links). Use link='symlink' or 'copy'"
                 ) from None
             raise
-        got = os.stat(tmp, dir_fd=pfd, follow_symlinks=False)
-        if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino):  # the object path was swapped after verifying
-            raise IntegrityError(f"object file {path} of {e.digest} changed while being linked; not checked out")
+        if not _PROC_FD:
+            got = os.stat(tmp, dir_fd=pfd, follow_symlinks=False)
+            if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino):  # the object path was swapped after verifying
+                os.unlink(tmp, dir_fd=pfd)
+                raise IntegrityError(f"object file {path} of {e.digest} changed while being linked; not checked out")
         return st
     finally:
         os.close(src)
@@ -655,8 +674,14 @@ def _check_leaf(store: Store, pfd: int, leaf: str, dest: Path, e: Entry, overwri
 def _write_one(store: Store, pfd: int, leaf: str, dest: Path, e: Entry, *, replace: bool, link: str,
                trust: Optional[HashRecord]) -> StatKey:
     """Write one key (temp name, verify, rename); return its (dev, ino, size, mtime_ns) for the record."""
-    tmp = f".casstore-{os.getpid()}-{os.urandom(6).hex()}.part"  # not from leaf: a segment may be 255 bytes
     linked: Optional[os.stat_result] = None
+    if link == "hardlink" and not replace:
+        linked = _link_object(store, e, pfd, leaf, dest, link, trust, direct=True)
+        now = os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
+        if trust is not None and linked is not None:
+            trust.carry(e.digest, linked, now)  # link() moved the inode's ctime: our own change
+        return _stat_key(now)
+    tmp = f".casstore-{os.getpid()}-{os.urandom(6).hex()}.part"  # not from leaf: a segment may be 255 bytes
     try:
         if link in ("hardlink", "symlink"):
             linked = _link_object(store, e, pfd, tmp, dest, link, trust)
