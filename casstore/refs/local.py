@@ -192,6 +192,8 @@ def _read_ref_file(p: Path) -> Optional[Tuple[Digest, int]]:
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENXIO):
             raise StoreFormatError(f"ref {p} is a symbolic link or special file, not a ref; remove it") from None
+        if e.errno == errno.ESTALE:
+            raise _Damaged(f"ref {p} was replaced while it was opened (ESTALE); read it again") from None
         raise
     try:
         st = os.fstat(fd)
@@ -200,6 +202,12 @@ def _read_ref_file(p: Path) -> Optional[Tuple[Digest, int]]:
         if not stat.S_ISREG(st.st_mode):
             raise StoreFormatError(f"ref {p} is not a regular file (a FIFO or device?); remove it")
         text = os.read(fd, 256)
+    except OSError as e:
+        # NFS and FUSE passthroughs: the file was replaced between our open and read (the
+        # server's inode is gone).  Not damage: the log has the answer, or a second look does.
+        if e.errno not in (errno.ESTALE, errno.ENOENT):
+            raise
+        raise _Damaged(f"ref {p} was replaced while it was read ({e.strerror}); read it again") from None
     finally:
         os.close(fd)
     try:
@@ -219,7 +227,12 @@ def _read_claim(ld: Path, pos: int) -> Tuple[bool, Optional[Digest]]:
     """(claimed?, value) of position ``pos`` of the log ``ld``; value ``None``: removed there."""
     p = ld / str(pos)
     try:
-        text = os.readlink(p)
+        try:
+            text = os.readlink(p)
+        except OSError as e:
+            if e.errno != errno.ESTALE:
+                raise
+            text = os.readlink(p)  # a stale cached handle (NFS): claims never change, so look again
     except (FileNotFoundError, NotADirectoryError):
         return False, None
     except OSError as e:
