@@ -4,10 +4,12 @@ A ref maps a name to a manifest digest.  ``heads`` move on every commit;
 ``pins`` never move unless forced.  Every implementation offers a lock-free
 :meth:`RefStore.read` returning the digest with an opaque *token*, and
 :meth:`RefStore.compare_and_swap`, which succeeds for exactly one of any
-number of racing writers that read the same token.  Local refs do it with a
-per-name lock and an atomic rename; S3 refs with ``If-Match`` /
-``If-None-Match`` conditional writes.  ``tests/test_refs_conformance.py``
-holds the conformance class every implementation's tests subclass.
+number of racing writers that read the same token, whether or not any lock
+is held or honoured.  Local refs do it by an exclusive create of the name's
+next claim log position (``refs/local.py``; a per-name lock only keeps claims
+from losing where locks work); S3 refs with ``If-Match`` / ``If-None-Match``
+conditional writes.  ``tests/_conformance.py`` holds the conformance class
+every implementation's tests subclass (``tests/test_conformance_refs.py``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class Ref:
 
     digest: Digest
     token: str
-    """Opaque: the digest itself for local refs, the ETag for S3 refs."""
+    """Opaque: ``<log position>:<hex>`` for local refs, the ETag for S3 refs."""
 
 
 class RefStore(ABC):
