@@ -171,6 +171,9 @@ class FuseMount:
         except subprocess.TimeoutExpired:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+        # Files hidden while open (see HIDDEN_PREFIX in casfs.c) and renames that never landed.
+        for side in (".hidden", ".pending"):
+            shutil.rmtree(str(self.backing) + side, ignore_errors=True)
 
 
 class FuseMounts:

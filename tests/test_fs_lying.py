@@ -7,7 +7,8 @@ existing multi-process tests with a directory on the lying mount:
 * 8 processes x 200 one-key edits to one name with lock-free readers
   (tests/test_manifest_concurrency.py): 1,600 keys, 1,600 versions, 0 reader errors;
 * fetch and derive run once across 8 processes (tests/test_fetch.py, tests/test_derive.py);
-* index-cache first-writer-wins across processes (tests/test_cache_procs.py).
+* index-cache first-writer-wins across processes (tests/test_cache_procs.py);
+* an editor SIGKILLed at random moments and at each commit point (tests/test_manifest_crash.py).
 
 What fails today is marked ``xfail(strict=True)`` with how it fails, so the mark
 turns into a failure the moment it is fixed and must then be removed.
@@ -28,6 +29,7 @@ import test_cache_procs
 import test_derive
 import test_fetch
 import test_manifest_concurrency
+import test_manifest_crash
 import test_pipelines_jobs
 from _fetch_helpers import SPAWN, clean_settings_env, serve
 from _manifest_helpers import get_report, stop_process
@@ -212,6 +214,17 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 @pytest.mark.parametrize("mode", _modes({}))
 def test_no_lost_update_8_writers_x_200_edits_with_lock_free_readers(fuse_dir: FuseDir, mode: str) -> None:
     test_manifest_concurrency.test_no_lost_update_8_writers_x_200_edits_with_lock_free_readers(fuse_dir(mode))
+
+
+@pytest.mark.parametrize("mode", _modes({}))
+def test_sigkill_at_random_moments_of_a_looping_editor(fuse_dir: FuseDir, mode: str) -> None:
+    test_manifest_crash.test_sigkill_at_random_moments_of_a_looping_editor(fuse_dir(mode))
+
+
+@pytest.mark.parametrize("point", ["manifest.before_object", "manifest.after_object", "manifest.after_ref"])
+@pytest.mark.parametrize("mode", _modes({}))
+def test_sigkill_at_each_commit_point(fuse_dir: FuseDir, mode: str, point: str) -> None:
+    test_manifest_crash.test_sigkill_at_each_commit_point(fuse_dir(mode), point)
 
 
 @pytest.mark.parametrize("mode", _modes({}))

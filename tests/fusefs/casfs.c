@@ -40,9 +40,9 @@
  * crashed session never leaves a stale mount behind.
  *
  * Built against libfuse3's high-level API, multithreaded; every operation on
- * an open file goes through the file's descriptor (nullpath_ok, hard_remove),
- * so files unlinked while open keep working and no .fuse_hidden files are
- * left in directories.
+ * an open file goes through the file's descriptor (nullpath_ok), files
+ * unlinked or replaced while open are kept out of sight (see HIDDEN_PREFIX),
+ * so they keep working and no .fuse_hidden files show in directories.
  */
 
 #define FUSE_USE_VERSION 31
@@ -53,6 +53,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -74,13 +75,43 @@ static int g_base = -1;           /* the backing directory; every path is resolv
 static char *g_mountpoint = NULL;
 
 static void wait_for_renames(void);
+static void transit_wait(const char *path);
 
-/* "/a/b" -> "a/b", "/" -> "." : relative to g_base for the *at() calls. */
+/* libfuse's high-level layer keeps a file that is unlinked or renamed over while open
+ * by renaming it to ".fuse_hidden<node><counter>" in its directory (hard_remove off):
+ * without that, a node that lost its name answers ESTALE to path operations, and the
+ * kernel sends fstat() of an open file as one (no file handle), so an fstat of a ref
+ * replaced under a reader failed where the local disk succeeds.  We keep that, but
+ * put hidden files in BACKING.hidden/ (the name is unique across directories), so no
+ * listing shows them and no directory is kept from being removed. */
+#define HIDDEN_PREFIX ".fuse_hidden"
+
+static int g_hidden = -1;
+
+static const char *base_name(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	return slash ? slash + 1 : path;
+}
+
+static int is_hidden(const char *path)
+{
+	return path != NULL && strncmp(base_name(path), HIDDEN_PREFIX, strlen(HIDDEN_PREFIX)) == 0;
+}
+
+/* "/a/b" -> "a/b", "/" -> "." : relative to dfd(path) for the *at() calls. */
 static const char *rel(const char *path)
 {
 	if (path == NULL || path[0] == '\0' || (path[0] == '/' && path[1] == '\0'))
 		return ".";
+	if (is_hidden(path))
+		return base_name(path);
 	return path[0] == '/' ? path + 1 : path;
+}
+
+static int dfd(const char *path)
+{
+	return is_hidden(path) ? g_hidden : g_base;
 }
 
 /* Files created for another user belong to that user (the daemon runs as root). */
@@ -96,7 +127,7 @@ static void *cf_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 	(void) conn;
 	cfg->use_ino = 1;       /* st_ino of the backing file: hard links are recognisable */
 	cfg->nullpath_ok = 1;   /* operations on open files work after unlink/rename-over */
-	cfg->hard_remove = 1;   /* no .fuse_hidden files (they keep directories from being removed) */
+	cfg->hard_remove = 0;   /* open files that lose their name are hidden (see HIDDEN_PREFIX) */
 	/* Honest modes: nothing cached, every lookup and stat reaches the backing directory. */
 	cfg->entry_timeout = 0;
 	cfg->attr_timeout = 0;
@@ -106,18 +137,21 @@ static void *cf_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 
 static int cf_getattr(const char *path, struct stat *st, struct fuse_file_info *fi)
 {
-	int res = fi ? fstat((int) fi->fh, st) : fstatat(g_base, rel(path), st, AT_SYMLINK_NOFOLLOW);
+	if (fi == NULL)
+		transit_wait(path);
+	int res = fi ? fstat((int) fi->fh, st) : fstatat(dfd(path), rel(path), st, AT_SYMLINK_NOFOLLOW);
 	return res == -1 ? -errno : 0;
 }
 
 static int cf_access(const char *path, int mask)
 {
-	return faccessat(g_base, rel(path), mask, 0) == -1 ? -errno : 0;
+	transit_wait(path);
+	return faccessat(dfd(path), rel(path), mask, 0) == -1 ? -errno : 0;
 }
 
 static int cf_readlink(const char *path, char *buf, size_t size)
 {
-	ssize_t n = readlinkat(g_base, rel(path), buf, size - 1);
+	ssize_t n = readlinkat(dfd(path), rel(path), buf, size - 1);
 	if (n == -1)
 		return -errno;
 	buf[n] = '\0';
@@ -132,7 +166,7 @@ struct dirh {
 
 static int cf_opendir(const char *path, struct fuse_file_info *fi)
 {
-	int fd = openat(g_base, rel(path), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int fd = openat(dfd(path), rel(path), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd == -1)
 		return -errno;
 	struct dirh *d = calloc(1, sizeof(*d));
@@ -201,7 +235,7 @@ static int cf_fsyncdir(const char *path, int datasync, struct fuse_file_info *fi
 
 static int cf_mknod(const char *path, mode_t mode, dev_t rdev)
 {
-	if (mknodat(g_base, rel(path), mode, rdev) == -1)
+	if (mknodat(dfd(path), rel(path), mode, rdev) == -1)
 		return -errno;
 	give_to_caller(rel(path));
 	return 0;
@@ -209,7 +243,7 @@ static int cf_mknod(const char *path, mode_t mode, dev_t rdev)
 
 static int cf_mkdir(const char *path, mode_t mode)
 {
-	if (mkdirat(g_base, rel(path), mode) == -1)
+	if (mkdirat(dfd(path), rel(path), mode) == -1)
 		return -errno;
 	give_to_caller(rel(path));
 	return 0;
@@ -217,17 +251,23 @@ static int cf_mkdir(const char *path, mode_t mode)
 
 static int cf_unlink(const char *path)
 {
-	return unlinkat(g_base, rel(path), 0) == -1 ? -errno : 0;
+	/* libfuse removes a hidden file at its last close, but the kernel may still hold the
+	 * inode from a lookup made before the rename (an open racing with it): opening that
+	 * must give the old file, as on a local disk, not ENOENT.  Hidden files stay until
+	 * the mount goes (the fixture removes BACKING.hidden then). */
+	if (is_hidden(path))
+		return 0;
+	return unlinkat(dfd(path), rel(path), 0) == -1 ? -errno : 0;
 }
 
 static int cf_rmdir(const char *path)
 {
-	return unlinkat(g_base, rel(path), AT_REMOVEDIR) == -1 ? -errno : 0;
+	return unlinkat(dfd(path), rel(path), AT_REMOVEDIR) == -1 ? -errno : 0;
 }
 
 static int cf_symlink(const char *target, const char *path)
 {
-	if (symlinkat(target, g_base, rel(path)) == -1)
+	if (symlinkat(target, dfd(path), rel(path)) == -1)
 		return -errno;
 	give_to_caller(rel(path));
 	return 0;
@@ -326,36 +366,152 @@ static void wait_for_renames(void)
 	pthread_mutex_unlock(&g_mu);
 }
 
-static int cf_rename(const char *from, const char *to, unsigned int flags)
+/* The path libfuse just hid on this thread: it is about to rename another file over it. */
+static __thread char *t_just_hidden = NULL;
+
+/* Hiding opens a window: the open target has been moved aside and the new file is not
+ * in place yet.  Lookups, stats and opens of that name from other threads would see it
+ * missing -- the false "not found" lock-free readers met on bindfs, which hides the same
+ * way -- so they wait until the rename that follows completes.  An unlink of an open
+ * file hides too, with no rename after it: its waiters give up after TRANSIT_MS and see
+ * the name gone, which it is. */
+#define TRANSIT_MS 50
+#define TRANSIT_MAX 64
+
+struct transit {
+	char path[PATH_MAX];
+	pthread_t owner;
+	struct timespec until;  /* CLOCK_MONOTONIC */
+	int used;
+};
+
+static struct transit g_transit[TRANSIT_MAX];
+static pthread_mutex_t g_tmu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_tcv;   /* CLOCK_MONOTONIC */
+static __thread int t_in_transit = 0;
+
+static int before(const struct timespec *a, const struct timespec *b)
 {
+	return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
+}
+
+static void transit_begin(const char *p)
+{
+	struct timespec until;
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_nsec += TRANSIT_MS * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&g_tmu);
+	for (int i = 0; i < TRANSIT_MAX; i++) {
+		struct timespec now;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (!g_transit[i].used || before(&g_transit[i].until, &now)) {
+			snprintf(g_transit[i].path, sizeof(g_transit[i].path), "%s", p);
+			g_transit[i].owner = pthread_self();
+			g_transit[i].until = until;
+			g_transit[i].used = 1;
+			t_in_transit = 1;
+			break;
+		}
+	}  /* table full: no wait for this one (64 hides in 50 ms do not happen in these tests) */
+	pthread_mutex_unlock(&g_tmu);
+}
+
+static void transit_end(void)
+{
+	if (!t_in_transit)
+		return;
+	pthread_mutex_lock(&g_tmu);
+	for (int i = 0; i < TRANSIT_MAX; i++)
+		if (g_transit[i].used && pthread_equal(g_transit[i].owner, pthread_self()))
+			g_transit[i].used = 0;
+	t_in_transit = 0;
+	pthread_cond_broadcast(&g_tcv);
+	pthread_mutex_unlock(&g_tmu);
+}
+
+static void transit_wait(const char *path)
+{
+	transit_end();  /* a hide of ours with no rename after it (an unlink) is over by now */
+	const char *p = rel(path);
+	pthread_mutex_lock(&g_tmu);
+	for (;;) {
+		struct timespec now;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		const struct timespec *until = NULL;
+		for (int i = 0; i < TRANSIT_MAX && until == NULL; i++)
+			if (g_transit[i].used && before(&now, &g_transit[i].until) && strcmp(g_transit[i].path, p) == 0)
+				until = &g_transit[i].until;
+		if (until == NULL)
+			break;
+		struct timespec deadline = *until;
+		pthread_cond_timedwait(&g_tcv, &g_tmu, &deadline);
+	}
+	pthread_mutex_unlock(&g_tmu);
+}
+
+static int rename_impl(const char *from, const char *to, unsigned int flags)
+{
+	if (is_hidden(to)) {  /* libfuse hides an open target (or unlinked file): out of sight at once */
+		transit_end();
+		transit_begin(rel(from));
+		if (renameat(dfd(from), rel(from), g_hidden, rel(to)) == -1) {
+			int err = errno;
+			transit_end();
+			return -err;
+		}
+		free(t_just_hidden);
+		t_just_hidden = strdup(from);
+		return 0;
+	}
+	int was_hidden = t_just_hidden != NULL && strcmp(t_just_hidden, to) == 0;
+	free(t_just_hidden);
+	t_just_hidden = NULL;
+	if (g_mode == MODE_DELAY_RENAME && flags == 0 && was_hidden) {
+		/* The target was open: libfuse moved it aside first, so this rename replaces it. */
+		struct stat src;
+		if (fstatat(dfd(from), rel(from), &src, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISDIR(src.st_mode))
+			return delayed_rename(rel(from), rel(to));
+	}
 	if (g_mode == MODE_DELAY_RENAME && flags == 0) {
 		struct stat st, src;
-		if (fstatat(g_base, rel(to), &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISDIR(st.st_mode)) {
-			if (fstatat(g_base, rel(from), &src, AT_SYMLINK_NOFOLLOW) == -1)
+		if (fstatat(dfd(to), rel(to), &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISDIR(st.st_mode)) {
+			if (fstatat(dfd(from), rel(from), &src, AT_SYMLINK_NOFOLLOW) == -1)
 				return -errno;
 			if (!S_ISDIR(src.st_mode) && (src.st_ino != st.st_ino || src.st_dev != st.st_dev))
 				return delayed_rename(rel(from), rel(to));
 		}
 	}
-	int res = flags ? renameat2(g_base, rel(from), g_base, rel(to), flags)
-			: renameat(g_base, rel(from), g_base, rel(to));
+	int res = flags ? renameat2(dfd(from), rel(from), dfd(to), rel(to), flags)
+			: renameat(dfd(from), rel(from), dfd(to), rel(to));
 	return res == -1 ? -errno : 0;
+}
+
+static int cf_rename(const char *from, const char *to, unsigned int flags)
+{
+	int res = rename_impl(from, to, flags);
+	if (!is_hidden(to))
+		transit_end();  /* the rename that follows a hide is done: the name is back */
+	return res;
 }
 
 static int cf_link(const char *from, const char *to)
 {
-	return linkat(g_base, rel(from), g_base, rel(to), 0) == -1 ? -errno : 0;
+	return linkat(dfd(from), rel(from), dfd(to), rel(to), 0) == -1 ? -errno : 0;
 }
 
 static int cf_chmod(const char *path, mode_t mode, struct fuse_file_info *fi)
 {
-	int res = fi ? fchmod((int) fi->fh, mode) : fchmodat(g_base, rel(path), mode, 0);
+	int res = fi ? fchmod((int) fi->fh, mode) : fchmodat(dfd(path), rel(path), mode, 0);
 	return res == -1 ? -errno : 0;
 }
 
 static int cf_chown(const char *path, uid_t uid, gid_t gid, struct fuse_file_info *fi)
 {
-	int res = fi ? fchown((int) fi->fh, uid, gid) : fchownat(g_base, rel(path), uid, gid, AT_SYMLINK_NOFOLLOW);
+	int res = fi ? fchown((int) fi->fh, uid, gid) : fchownat(dfd(path), rel(path), uid, gid, AT_SYMLINK_NOFOLLOW);
 	return res == -1 ? -errno : 0;
 }
 
@@ -365,7 +521,7 @@ static int cf_truncate(const char *path, off_t size, struct fuse_file_info *fi)
 	if (fi) {
 		res = ftruncate((int) fi->fh, size);
 	} else {
-		int fd = openat(g_base, rel(path), O_WRONLY | O_CLOEXEC);
+		int fd = openat(dfd(path), rel(path), O_WRONLY | O_CLOEXEC);
 		if (fd == -1)
 			return -errno;
 		res = ftruncate(fd, size);
@@ -378,13 +534,13 @@ static int cf_truncate(const char *path, off_t size, struct fuse_file_info *fi)
 
 static int cf_utimens(const char *path, const struct timespec ts[2], struct fuse_file_info *fi)
 {
-	int res = fi ? futimens((int) fi->fh, ts) : utimensat(g_base, rel(path), ts, AT_SYMLINK_NOFOLLOW);
+	int res = fi ? futimens((int) fi->fh, ts) : utimensat(dfd(path), rel(path), ts, AT_SYMLINK_NOFOLLOW);
 	return res == -1 ? -errno : 0;
 }
 
 static int cf_create(const char *path, mode_t mode, struct fuse_file_info *fi)
 {
-	int fd = openat(g_base, rel(path), fi->flags | O_NOFOLLOW | O_CLOEXEC, mode);
+	int fd = openat(dfd(path), rel(path), fi->flags | O_NOFOLLOW | O_CLOEXEC, mode);
 	if (fd == -1)
 		return -errno;
 	give_to_caller(rel(path));
@@ -394,9 +550,10 @@ static int cf_create(const char *path, mode_t mode, struct fuse_file_info *fi)
 
 static int cf_open(const char *path, struct fuse_file_info *fi)
 {
+	transit_wait(path);
 	/* The name may have changed since the kernel's lookup: O_NOFOLLOW (kept from the caller, or
 	 * added here) stops a symlink swapped in meanwhile from leading outside the backing dir. */
-	int fd = openat(g_base, rel(path), fi->flags | O_NOFOLLOW | O_CLOEXEC);
+	int fd = openat(dfd(path), rel(path), fi->flags | O_NOFOLLOW | O_CLOEXEC);
 	if (fd == -1)
 		return -errno;
 	fi->fh = (uint64_t) fd;
@@ -528,6 +685,27 @@ static void *watch_stdin(void *arg)
 	return NULL;
 }
 
+/* BACKING<suffix>: a private directory beside the backing one (same filesystem: renames work). */
+static int open_sibling(const char *backing, const char *suffix)
+{
+	size_t n = strlen(backing), m = strlen(suffix);
+	char *dir = malloc(n + m + 1);
+	if (dir == NULL)
+		return -1;
+	memcpy(dir, backing, n);
+	memcpy(dir + n, suffix, m + 1);
+	if (mkdir(dir, 0700) == -1 && errno != EEXIST) {
+		perror(dir);
+		free(dir);
+		return -1;
+	}
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd == -1)
+		perror(dir);
+	free(dir);
+	return fd;
+}
+
 int main(int argc, char *argv[])
 {
 	if (argc < 4) {
@@ -605,22 +783,17 @@ int main(int argc, char *argv[])
 	}
 	/* local, delay_rename: no lock handlers, so the kernel keeps locks itself. */
 
+	pthread_condattr_t tca;
+	pthread_condattr_init(&tca);
+	pthread_condattr_setclock(&tca, CLOCK_MONOTONIC);
+	pthread_cond_init(&g_tcv, &tca);
+	g_hidden = open_sibling(argv[2], ".hidden");
+	if (g_hidden == -1)
+		return 2;
 	if (g_mode == MODE_DELAY_RENAME) {
-		size_t n = strlen(argv[2]);
-		char *pdir = malloc(n + sizeof(".pending"));
-		if (pdir == NULL)
+		g_pending = open_sibling(argv[2], ".pending");
+		if (g_pending == -1)
 			return 2;
-		memcpy(pdir, argv[2], n);
-		memcpy(pdir + n, ".pending", sizeof(".pending"));
-		if (mkdir(pdir, 0700) == -1 && errno != EEXIST) {
-			perror(pdir);
-			return 2;
-		}
-		g_pending = open(pdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		if (g_pending == -1) {
-			perror(pdir);
-			return 2;
-		}
 		pthread_condattr_t ca;
 		pthread_condattr_init(&ca);
 		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
