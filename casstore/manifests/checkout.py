@@ -46,6 +46,7 @@ import logging
 import os
 import shutil
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple, Union
 
@@ -89,6 +90,8 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLO
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _FICLONE = 0x40049409  # linux/fs.h
+LINK_WORKERS = 4
+"""Threads that make the hard or symbolic links of one directory (``link="hardlink"|"symlink"``)."""
 # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N links the open inode itself (Linux; no privilege needed).
 _PROC_FD = os.path.isdir("/proc/self/fd")
 _CHUNK = 1 << 20
@@ -533,16 +536,41 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
     walker = _Walker(root_fd, out, overwrite=overwrite, create=True)
     trust = store.objects.hash_record() if link in ("hardlink", "symlink") and not rehash else None
     bar = Progress(sum(e.size or 0 for _, e, _ in todo), desc="checkout", enabled=progress)
+    # Links are metadata only: a checkout of many small links waits on one system call after another,
+    # so the keys of one directory are linked on a few threads (the directory's fd stays open until
+    # all of them are done; results are taken in key order).  Copies are bound by bytes: one at a time.
+    pool = ThreadPoolExecutor(LINK_WORKERS, thread_name_prefix="casstore-link") \
+        if link in ("hardlink", "symlink") and len(todo) > 1 else None
     key = ""
     try:
-        for key, e, present in todo:
+        i = 0
+        while i < len(todo):
+            key = todo[i][0]
             parts = key.split("/")
             pfd = walker.parent(parts[:-1])
             assert pfd is not None
-            new_files[key] = (e.digest, _write_one(store, pfd, parts[-1], out / key, e,
-                                                   replace=present or overwrite, link=link, trust=trust))
-            written.append(out / key)
-            bar.update(e.size or 0)
+            base = key[:len(key) - len(parts[-1])]  # "dir/" ("" at the top)
+            j = i + 1
+            while j < len(todo) and todo[j][0].startswith(base) and "/" not in todo[j][0][len(base):]:
+                j += 1
+            group = todo[i:j] if pool is not None else todo[i:i + 1]
+            futs = [pool.submit(_write_one, store, pfd, k[len(base):], out / k, en, replace=pr or overwrite,
+                                link=link, trust=trust) for k, en, pr in group] if pool is not None else []
+            first: Optional[BaseException] = None
+            for n, (k, en, pr) in enumerate(group):
+                try:
+                    st = futs[n].result() if futs else _write_one(store, pfd, k[len(base):], out / k, en,
+                                                                   replace=pr or overwrite, link=link, trust=trust)
+                except BaseException as ex:  # the others of the group finish first; the first error is raised
+                    if first is None:
+                        first, key = ex, k
+                    continue
+                new_files[k] = (en.digest, st)
+                written.append(out / k)
+                bar.update(en.size or 0)
+            if first is not None:
+                raise first
+            i += len(group)
     except (CasstoreError, OSError) as err:
         done = (f"checkout into {out} stopped at {key!r} after writing {len(written)} of {len(todo)} file(s) "
                 f"(each written file is whole and verified; nothing half-written is left; sync removed nothing)")
@@ -553,6 +581,8 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
             err.args = (f"{err}. {done}",)
         raise
     finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
         bar.close()
         if trust is not None:
             trust.save()
