@@ -56,9 +56,11 @@ lock file; a holder with ``heartbeat=`` beats the lease's mtime, one without
 writes ``"beats": false`` and holds it for milliseconds.  A waiter polls with
 the same back-off and judges the lease by what it *sees change*, on its own
 monotonic clock (no clock shared between hosts is assumed): a lease whose
-identity ``(inode, mtime, size)`` has not changed for three beat intervals
-(non-beating leases: :data:`LEASE_EXPIRY` seconds), or whose holder runs on
-this host and is dead, is stale.  Release removes the lease file.
+identity ``(inode, mtime, size, record)`` has not changed for three beat
+intervals (non-beating leases: :data:`LEASE_EXPIRY` seconds; a lease with no
+readable record, whose creator died between the exclusive create and writing
+it: 2 s), or whose holder runs on this host (and pid namespace) and is dead,
+is stale.  Release removes the lease file.
 
 Taking over a stale lease, and why exactly one party can: every *end* of a
 lease -- its holder releasing it, or a waiter stealing it -- first wins the
@@ -142,6 +144,7 @@ _PIDNS = _pid_namespace()
 LEASE_EXPIRY = 30.0
 """Seconds a lease whose holder does not beat (an edit, a pin: milliseconds) may stay unchanged before a
 waiter takes it over; a beating holder's lease is stale after three missed beats instead."""
+_NO_RECORD_EXPIRY = 2.0  # seconds a lease without a readable record may stay unchanged
 _MAX_CLAIMS = 8  # claim generations for one stale lease (each one only after the previous claimant died)
 
 # Locks this process holds.  A forked child closes its copies at once (without
@@ -457,7 +460,9 @@ class LeaseStrategy(LockStrategy):
                 seen, changed = sig, now
             if now >= w.next_check:
                 w.saw((sig[1], sig[2]), holder if beats else None, now)
-            stale_after = _MIN_BEATS * holder.every if holder is not None else LEASE_EXPIRY
+            # No record: its creator died between the exclusive create and the write of its record
+            # (the very next syscall), or the bytes are hostile; judged on a short clock.
+            stale_after = _MIN_BEATS * holder.every if holder is not None else _NO_RECORD_EXPIRY
             if (holder is not None and holder.alive() is False) or now - changed >= stale_after:
                 if self._steal(lock, lease, sig, holder):
                     return
@@ -542,15 +547,10 @@ class LeaseStrategy(LockStrategy):
                 return
             lease = lease_path(lock.path)
             ino = lock._lease_ino
-            claim = Path(f"{lease}.end.{ino}.0")
-            try:
-                cfd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-            except FileExistsError:
+            claims = _claim(lease, ino)  # a dead claimant's leftover (same inode number, reused) is skipped
+            if claims is None:
                 _taken_over(lock, lease)  # a stealer is ending it right now
                 return
-            except OSError:
-                return  # the directory went away: nothing left to release
-            os.close(cfd)
             try:
                 st = os.stat(lease)
                 if st.st_ino == ino:  # our open descriptor keeps our inode number from being reused
@@ -560,7 +560,8 @@ class LeaseStrategy(LockStrategy):
             except FileNotFoundError:
                 _taken_over(lock, lease)
             finally:
-                _unlink(claim)
+                for c in claims:
+                    _unlink(c)
         finally:
             os.close(fd)
 
@@ -619,10 +620,12 @@ def _claim(lease: Path, ino: int) -> Optional[List[Path]]:
                     os.close(rfd)
             except OSError:
                 return None
-            # A claim lives for a few syscalls: one much older than the expiry (the file system's clock,
-            # compared generously) or naming a dead local pid was left by a claimant that died.
-            dead = owner is not None and owner.alive() is False
-            if dead or time.time() - st.st_mtime > 2 * LEASE_EXPIRY:
+            # A claim lives for a few syscalls: one naming a dead local pid, one without a record (its
+            # creator died before writing it) older than a few seconds, or any one much older than the
+            # expiry (the file system's clock, compared generously) was left by a claimant that died.
+            age = time.time() - st.st_mtime
+            if (owner is not None and owner.alive() is False) or age > 2 * LEASE_EXPIRY \
+                    or (owner is None and age > _NO_RECORD_EXPIRY):
                 continue
             return None
         except OSError:

@@ -14,7 +14,10 @@ How it is built (the reasons are in docs/index-cache.md):
   It holds ``index`` (a 64-byte header plus one 32-byte slot per index, memory-mapped
   shared by every process; its blocks are reserved when the cache is made, because a
   store into an unallocated page of a shared map dies by SIGBUS on a full disk),
-  ``lock`` (an fcntl lock file) and one data file ``data.0`` that every process appends to.
+  ``lock`` (the cache's lock: flock, or the store's other lock strategy -- on filesystems whose
+  locks are missing or lie a lease file beside it, and then every slot is also claimed by an
+  exclusive create of ``claim.<index>``; see ``_claim``) and one data file ``data.0`` that every
+  process appends to.
   A put checksums the payload with no lock, then takes the lock to check the slot, append
   the payload at the shared data end, fill the slot (its tag word last) and move the end.
   A crash before the tag leaves no entry (the tag does not match) and its bytes past the
@@ -43,6 +46,7 @@ import operator
 import os
 import secrets
 import shutil
+import socket
 import stat
 import struct
 import sys
@@ -143,6 +147,11 @@ _SLOT_FIELDS = [("off", "<u8"), ("end", "<u8"), ("sum", "<u8"), ("meta", "<u8")]
 _LITTLE = sys.byteorder == "little"
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+_HOST = socket.gethostname()
+try:
+    _PIDNS = os.readlink("/proc/self/ns/pid")  # a pid is only judged dead within its own pid namespace
+except OSError:  # pragma: no cover
+    _PIDNS = "-"
 
 
 class CacheInfo(TypedDict):
@@ -931,21 +940,57 @@ class IndexCache:
             fcntl.flock(p.lock_fd, fcntl.LOCK_UN)
 
     def _claim(self, i: int) -> bool:
-        """Lease path: claim slot ``i`` by creating ``claim.<i>`` with O_EXCL; False if it was claimed before.
+        """Lease path: claim slot ``i`` by creating ``claim.<i>`` with O_EXCL; False if a live writer has it.
 
         First-writer-wins must not rest on the lease alone: a holder presumed dead and
         taken over while still alive (stopped longer than the expiry) would otherwise
         commit a second record for the same index.  An exclusive create is atomic
-        wherever leases work.  Hazard accepted: a writer that dies between this claim
-        and its commit leaves the index empty for good (``get`` returns None, later
-        puts return False), which costs a cache miss, never a wrong record.
+        wherever leases work.  The claim names its writer (pid, host, pid namespace);
+        a claim whose slot was never committed and whose writer is this process (an
+        earlier put that failed: threads of a process put one at a time) or is dead on
+        this host is taken over -- under the lease, so by one writer only.
         """
         assert self._dir is not None
+        path = self._dir / f"claim.{i}"
+        me = f"{os.getpid()} {_HOST} {_PIDNS}".encode()
         try:
-            os.close(os.open(self._dir / f"claim.{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except FileExistsError:
-            return False
+            if not self._claimer_gone(path):
+                return False
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            _pwrite_all(fd, me, 0)
+        finally:
+            os.close(fd)
         return True
+
+    @staticmethod
+    def _claimer_gone(path: Path) -> bool:
+        try:
+            fd = os.open(path, _OPEN_FLAGS)
+            try:
+                words = os.pread(fd, 512, 0).decode("utf-8", "replace").split()
+            finally:
+                os.close(fd)
+        except OSError:
+            return False
+        if not words:
+            # Its writer died between the exclusive create and writing its name (the next syscall):
+            # we hold the lease, so no live writer of this process group is in that window.
+            return True
+        if len(words) != 3 or not words[0].isdigit() or words[1] != _HOST or words[2] != _PIDNS:
+            return False  # hostile, or a writer on another host or in another container: not ours to judge
+        pid = int(words[0])
+        if pid == os.getpid():
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # EPERM: alive, another user's
+            return False
+        return False
 
     def _recount(self) -> None:
         """A writer died mid-commit (caller holds the lock): recount records and bytes from the slots."""

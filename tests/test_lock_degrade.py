@@ -339,3 +339,34 @@ def test_probe_and_doctor(tmp_path: Path) -> None:
                        env=child_env(tmp_path), capture_output=True, text=True, timeout=JOIN)
     assert r.returncode == 0, r.stderr
     assert "flock" in r.stdout and "enforced" in r.stdout
+
+
+def _die_mid_put(cache: IndexCache, i: int) -> None:
+    import casstore._faults as faults
+
+    def hook(point: str) -> None:
+        if point == "cache.put_after_data":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    faults.hook = hook
+    cache.put(i, b"never committed")
+
+
+def test_lease_path_writer_killed_mid_put_leaves_the_index_usable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its lease (dead pid) is taken over and its slot claim too: the index is put again, once."""
+    monkeypatch.setenv("CASSTORE_LOCK_MODE", "lease")
+    monkeypatch.setenv("CASSTORE_CONFIG", os.devnull)
+    store = casstore.open(tmp_path / "store")
+    cache = IndexCache(store, length=4, lock_timeout=10)
+    p = mp.get_context("fork").Process(target=_die_mid_put, args=(cache, 2))
+    p.start()
+    p.join(JOIN)
+    assert p.exitcode == -signal.SIGKILL
+    assert cache._dir is not None and (cache._dir / "claim.2").exists() and (cache._dir / "lock.lease").exists()
+    assert cache.get(2) is None
+    t = time.monotonic()
+    assert cache.put(2, b"two") and not cache.put(2, b"again")
+    assert time.monotonic() - t < 5.0
+    assert cache.get(2) == b"two" and cache.count == 1
+    cache.close()
