@@ -164,7 +164,10 @@ def test_cli_du_name_and_shared_and_stats(store: casstore.Store, capsys: pytest.
     doc = json.loads(out)
     assert rc == 0 and doc["dedupe_savings"] == 10_000 + len(TEXT) and doc["history"]["versions"] == 1
     assert doc["live"]["logical_bytes"] == 23_000 + 2 * len(TEXT)
+    # issue 17: stats --json says what the filesystem does with locks (casstore doctor's probe)
+    assert doc["filesystem"]["lock_mode"] in ("flock", "posix", "lease") and doc["filesystem"]["flock"]
     rc, out, _ = run(store, capsys, "stats")
+    assert "locks: " in out
     assert rc == 0 and "live names" in out and "history" in out and "dedupe savings" in out
 
 

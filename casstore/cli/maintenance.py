@@ -86,10 +86,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
     """Store-wide usage: objects, bytes, compression, dedupe of the live names, history."""
     store = open_from_args(args, create=False)
     u = store.usage()
+    fs = store.filesystem()  # cached per mount: locks, hard links, reflink (issue 17; casstore doctor)
     if args.json:
-        print(json.dumps(u.to_dict(), indent=2))
+        doc = u.to_dict()
+        doc["filesystem"] = fs.as_dict()
+        print(json.dumps(doc, indent=2))
         return 0
     print(f"store            {store.root}")
+    print(f"filesystem       {fs.fstype}; locks: {fs.lock_mode} (casstore doctor explains)")
     print(f"objects          {u.objects} ({u.files} files: {u.codecs.get('raw', 0)} raw, "
           f"{u.codecs.get('zstd', 0)} zstd)")
     print(f"logical bytes    {human_bytes(u.logical_bytes)}")
