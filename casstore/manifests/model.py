@@ -1183,10 +1183,8 @@ class TreeEntryMap(EntryMap):
     def __len__(self) -> int:
         return self._root[2]
 
-    def raw(self, key: str) -> Optional[Raw]:
-        """The encoded entry of ``key`` (one node read per level), or ``None``."""
-        if type(key) is not str:
-            return None
+    def _leaf(self, key: str) -> Optional[Dict[str, Raw]]:
+        """The leaf whose key range holds ``key`` (one node read per level), or ``None`` past the last key."""
         r = self._reader
         ref, level, lo, root = self._root, self._level, None, True
         while level > 0:
@@ -1200,7 +1198,14 @@ class TreeEntryMap(EntryMap):
             ref, level, root = refs[i], level - 1, False
         leaf = r.node(ref, 0, lo, root)
         assert isinstance(leaf, dict)
-        return leaf.get(key)
+        return leaf
+
+    def raw(self, key: str) -> Optional[Raw]:
+        """The encoded entry of ``key`` (one node read per level), or ``None``."""
+        if type(key) is not str:
+            return None
+        leaf = self._leaf(key)
+        return None if leaf is None else leaf.get(key)
 
     def __getitem__(self, key: str) -> Entry:
         raw = self.raw(key)
@@ -1254,19 +1259,9 @@ class TreeEntryMap(EntryMap):
 
     def ceiling(self, key: str) -> Optional[str]:
         """The first key ``>= key``, or ``None`` (one node read per level)."""
-        r = self._reader
-        ref, level, lo, root = self._root, self._level, None, True
-        while level > 0:
-            node = r.node(ref, level, lo, root)
-            assert isinstance(node, tuple)
-            keys, refs = node
-            i = bisect.bisect_left(keys, key)
-            if i == len(keys):
-                return None
-            lo = keys[i - 1] if i else lo
-            ref, level, root = refs[i], level - 1, False
-        leaf = r.node(ref, 0, lo, root)
-        assert isinstance(leaf, dict)
+        leaf = self._leaf(key)
+        if leaf is None:
+            return None
         ks = list(leaf)
         i = bisect.bisect_left(ks, key)
         return ks[i] if i < len(ks) else None
