@@ -148,6 +148,7 @@ _LITTLE = sys.byteorder == "little"
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 _HOST = socket.gethostname()
+_CLAIM_DONE = b" committed"  # appended to a slot claim once its record is valid (IndexCache._claim_done)
 try:
     _PIDNS = os.readlink("/proc/self/ns/pid")  # a pid is only judged dead within its own pid namespace
 except OSError:  # pragma: no cover
@@ -795,6 +796,7 @@ class IndexCache:
             # the data file then holds exactly the committed records, back to back, so
             # freeze appends the table in place and preserve links it (no copy, ever).
             self._lock(p)
+            claim = -1  # lease path: our claim on slot i, open until the record is committed
             try:
                 if mm[_FLAGS_AT] & _FROZEN_FLAG:
                     raise self._frozen_error(i)
@@ -803,8 +805,10 @@ class IndexCache:
                 total = _U64.unpack_from(mm, _TOTAL_AT)[0]
                 if mb is not None and total + n > mb:
                     return False
-                if p.mode == "lease" and not self._claim(i):
-                    return False
+                if p.mode == "lease":
+                    claim = self._claim(i)
+                    if claim < 0:
+                        return False
                 off = _U64.unpack_from(mm, _END_AT)[0]
                 if src >= 0 and 0 < (off - src) % 4096 < _ALIASING:  # see _ALIGN_MIN: up to 63 zero bytes first
                     pad = _ALIASING - (off - src) % 4096
@@ -823,7 +827,12 @@ class IndexCache:
                 _U64.pack_into(mm, _COUNT_AT, _U64.unpack_from(mm, _COUNT_AT)[0] + 1)
                 _U64.pack_into(mm, _END_AT, off + n)
                 mm[_FLAGS_AT] &= ~_DIRTY_FLAG
+                if claim >= 0:
+                    self._claim_done(claim)
+                    claim = -1
             finally:
+                if claim >= 0:
+                    os.close(claim)
                 self._unlock(p)
         return True
 
@@ -939,16 +948,22 @@ class IndexCache:
         else:
             fcntl.flock(p.lock_fd, fcntl.LOCK_UN)
 
-    def _claim(self, i: int) -> bool:
-        """Lease path: claim slot ``i`` by creating ``claim.<i>`` with O_EXCL; False if a live writer has it.
+    def _claim(self, i: int) -> int:
+        """Lease path: claim slot ``i`` by creating ``claim.<i>`` with O_EXCL: its descriptor, or -1 if
+        another writer has it (live, or its record is committed).
 
         First-writer-wins must not rest on the lease alone: a holder presumed dead and
         taken over while still alive (stopped longer than the expiry) would otherwise
         commit a second record for the same index.  An exclusive create is atomic
         wherever leases work.  The claim names its writer (pid, host, pid namespace);
-        a claim whose slot was never committed and whose writer is this process (an
-        earlier put that failed: threads of a process put one at a time) or is dead on
-        this host is taken over -- under the lease, so by one writer only.
+        a claim whose writer is this process (an earlier put that failed: threads of a
+        process put one at a time) or is dead on this host is taken over -- under the
+        lease, so by one writer only -- unless it says its record was committed
+        (:meth:`_claim_done`).  That mark, not the slot as this process's memory map
+        shows it, is what keeps a finished writer's record from being written twice: on
+        FUSE mounts that lie about locks a map's view of another process's fresh slot
+        was seen to lag (CI: one index won twice, by a live writer and the taker-over
+        of a writer that had exited after committing it).
         """
         assert self._dir is not None
         path = self._dir / f"claim.{i}"
@@ -957,13 +972,24 @@ class IndexCache:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except FileExistsError:
             if not self._claimer_gone(path):
-                return False
+                return -1
             fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
             _pwrite_all(fd, me, 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    @staticmethod
+    def _claim_done(fd: int) -> None:
+        """Mark the claim open as ``fd`` committed (its slot is valid) and close it: never taken over."""
+        try:
+            _pwrite_all(fd, _CLAIM_DONE, os.fstat(fd).st_size)
+        except OSError:
+            pass  # the record is committed and put has won; only the extra guard is missing (full disk)
         finally:
             os.close(fd)
-        return True
 
     @staticmethod
     def _claimer_gone(path: Path) -> bool:
@@ -979,6 +1005,8 @@ class IndexCache:
             # Its writer died between the exclusive create and writing its name (the next syscall):
             # we hold the lease, so no live writer of this process group is in that window.
             return True
+        if words[-1] == _CLAIM_DONE.decode().strip():
+            return False  # committed: the record exists, whatever this process's map shows
         if len(words) != 3 or not words[0].isdigit() or words[1] != _HOST or words[2] != _PIDNS:
             return False  # hostile, or a writer on another host or in another container: not ours to judge
         pid = int(words[0])

@@ -370,3 +370,37 @@ def test_lease_path_writer_killed_mid_put_leaves_the_index_usable(
     assert time.monotonic() - t < 5.0
     assert cache.get(2) == b"two" and cache.count == 1
     cache.close()
+
+
+def _put_and_exit(cache: IndexCache, i: int) -> None:
+    assert cache.put(i, b"first")
+    os._exit(0)
+
+
+def test_lease_path_committed_claim_of_an_exited_writer_is_never_taken_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI on the lock-granting FUSE mount: one index won twice.  A writer committed it and exited;
+    another's map still showed the slot empty, found the claim's pid dead and took it over.  The
+    claim now says "committed", so a map that lags (simulated: the slot cleared in the file) never
+    leads to a second record -- put answers False, as for any taken index."""
+    monkeypatch.setenv("CASSTORE_LOCK_MODE", "lease")
+    monkeypatch.setenv("CASSTORE_CONFIG", os.devnull)
+    store = casstore.open(tmp_path / "store")
+    cache = IndexCache(store, length=4, lock_timeout=10)
+    p = mp.get_context("fork").Process(target=_put_and_exit, args=(cache, 1))
+    p.start()
+    p.join(JOIN)
+    assert p.exitcode == 0
+    assert cache._dir is not None
+    claim = (cache._dir / "claim.1").read_text().split()
+    assert claim[0] == str(p.pid) and claim[-1] == "committed", claim
+    assert cache.get(1) == b"first"
+    # The lagging view: this process's map shows slot 1 empty (its bytes zeroed).
+    slot_at = casstore.cache._HDR + casstore.cache._SLOT_SIZE * 1
+    with open(cache._dir / "index", "r+b") as f:
+        f.seek(slot_at)
+        f.write(bytes(casstore.cache._SLOT_SIZE))
+    assert cache.get(1) is None
+    assert not cache.put(1, b"second")  # the dead writer's pid alone no longer frees the slot
+    assert cache.put(2, b"two") and cache.get(2) == b"two"
+    cache.close()
