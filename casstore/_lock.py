@@ -837,6 +837,9 @@ def filesystem(root: Path, setting: str = "auto") -> Filesystem:
         acts.append(f"hard links: {info.hardlinks} -- link counts are not trusted; objects are published by rename")
     acts.append("reflink: yes -- checkout link=reflink clones objects without copying" if info.reflink == "yes"
                 else f"reflink: {info.reflink} -- checkout copies (link=reflink raises here)")
+    acts.append("syncfs: trusted -- batches (put_many, pull, folder add) sync once per batch" if info.syncfs_trusted
+                else f"syncfs: not trusted on {info.fstype} (FUSE/network: it may never reach the daemon or "
+                     "server) -- batches fsync each object and its directory")
     return Filesystem(str(root), info.fstype, info.mount, info.flock, info.posix, info.hardlinks, info.reflink,
                       setting, mode, tuple(acts))
 

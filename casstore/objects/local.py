@@ -63,6 +63,7 @@ from .._fs import (
     run_beside,
     syncfs,
 )
+from .._fsprobe import mount_of, overlay_upper, syncfs_trusted
 from .._layout import OBJECTS, is_fanout, object_path
 from ..codecs import CODECS, RAW, ZSTD, Codec, CompressArg, file_sample_pays, normalize_compress, sample_pays
 from ..digest import Digest, HashBeside, hash_bytes, hash_fd, new_hasher, parse_prefix
@@ -312,6 +313,8 @@ class LocalObjects(ObjectStore):
         self.compress: CompressArg = compress
         """Default ``compress=`` for puts."""
         self._writable = os.access(tmp, os.W_OK)
+        self._syncfs_ok: Optional[bool] = None
+        self._overlay: Optional[Tuple[str, str]] = None  # (mount, upperdir) or ("", "")
 
     # -- capabilities --
 
@@ -352,6 +355,8 @@ class LocalObjects(ObjectStore):
         """
         for codec in CODECS:
             p = object_path(self.root, d, codec)
+            if self._on_lower_layer(p):
+                return True  # present, and gc cannot delete a lower-layer file anyway: no refresh needed
             try:
                 os.utime(p, follow_symlinks=False)
                 return True
@@ -361,6 +366,29 @@ class LocalObjects(ObjectStore):
                 if os.path.lexists(p):
                     return True
         return False
+
+    def _on_lower_layer(self, p: Path) -> bool:
+        """Is ``p`` an existing file on a read-only overlayfs lower layer (not copied up)?
+
+        Refreshing its mtime would copy the whole object into the upper
+        layer (issue 17: 256 MiB per re-put of an image-baked object).
+        """
+        ov = self._overlay
+        if ov is None:
+            try:
+                ov = self._overlay = overlay_upper(os.stat(self.root).st_dev) or ("", "")
+            except OSError:
+                ov = self._overlay = ("", "")
+        mount, upper = ov
+        if not upper:
+            return False
+        try:
+            rel = os.path.relpath(os.path.realpath(p), mount)
+        except ValueError:
+            return False
+        if rel.startswith(".."):
+            return False
+        return os.path.lexists(p) and not os.path.lexists(os.path.join(upper, rel))
 
     def stat(self, digest: Digest) -> ObjectInfo:
         """Size, stored size and codec of an object, without reading its content."""
@@ -404,6 +432,18 @@ class LocalObjects(ObjectStore):
         st.commit(dest, durable=self.durable if durable is None else durable, mode=_MODE,
                   synced=synced, sync_dir=sync_dir)
 
+    @property
+    def syncfs_trusted(self) -> bool:
+        """Does one ``syncfs`` on ``tmp/`` make a batch durable?  (``_fsprobe.syncfs_trusted``; cached.)"""
+        got = self._syncfs_ok
+        if got is None:
+            try:
+                fstype = mount_of(os.stat(self.tmp).st_dev)[0]
+            except OSError:
+                fstype = "?"
+            got = self._syncfs_ok = syncfs_trusted(fstype)
+        return got
+
     @_no_space
     def publish_batch(self, items: Sequence[StagedObject]) -> None:
         """Publish many staged objects with one ``syncfs`` before and one after (durable stores).
@@ -412,6 +452,12 @@ class LocalObjects(ObjectStore):
         was not published when an error stops the batch leaves no object.
         """
         try:
+            if self.durable and items and not self.syncfs_trusted:
+                # FUSE / network filesystem: syncfs never reaches the daemon or server (issue 17),
+                # so each object pays its own fsync of file and directory.
+                for it in items:
+                    self.publish(it.staging, it.digest, it.codec, durable=True)
+                return
             if self.durable and items:
                 syncfs(self.tmp)
             for it in items:
