@@ -46,7 +46,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import pytest
 
@@ -234,3 +234,17 @@ def fuse_dir(fuse_mounts: FuseMounts) -> Callable[[str], Path]:
         return d
 
     return make
+
+
+def fsync_counts(path: Path) -> Tuple[int, int]:
+    """(file fsyncs, directory fsyncs) the casfs daemon serving ``path`` has received so far.
+
+    casfs writes one ``casfs: FSYNC`` / ``casfs: FSYNCDIR`` line per call to
+    ``daemon.log`` beside its mount point (unbuffered stderr).
+    """
+    for d in [path, *path.parents]:
+        log = d / "daemon.log"
+        if log.is_file() and (d / "mnt").is_dir():
+            lines = log.read_text(errors="replace").splitlines()
+            return lines.count("casfs: FSYNC"), lines.count("casfs: FSYNCDIR")
+    raise FileNotFoundError(f"no casfs daemon.log above {path}")
