@@ -16,6 +16,8 @@ import pytest
 from _fusefs import fsync_counts
 
 import casstore
+import casstore._fs
+import casstore._lock
 import casstore.objects.local as local_mod
 from casstore._fsprobe import syncfs_trusted
 
@@ -48,7 +50,12 @@ def test_put_many_on_local_disk_uses_syncfs(tmp_path: Path, monkeypatch: pytest.
     s = casstore.open(tmp_path / "store")
     assert s.objects.durable and s.objects.syncfs_trusted
     calls: List[str] = []
-    real = local_mod.syncfs
-    monkeypatch.setattr(local_mod, "syncfs", lambda p: (calls.append(str(p)), real(p))[1])
+    real = casstore._fs.syncfs
+
+    def counting(p: os.PathLike[str] | str) -> None:
+        calls.append(str(p))
+        real(p)
+
+    monkeypatch.setattr(local_mod, "syncfs", counting)
     s.put_many([os.urandom(1000) + bytes([i]) for i in range(50)])
     assert len(calls) == 2
