@@ -42,7 +42,7 @@ from .objects import LocalObjects, ObjectInfo, ObjectStore
 from .objects.s3 import S3Objects
 from .refs import LocalRefs, Ref, RefStore
 from .refs.s3 import S3Refs
-from .store import Store, open_store
+from .store import Store, open_store, remote_cache_dir
 from .sync import Remote, TransferReport
 
 open = open_store  # noqa: A001 - ``casstore.open(path)`` is the documented entry point
@@ -52,6 +52,7 @@ __version__ = "0.1.0"
 __all__ = [
     "open",
     "open_store",
+    "remote_cache_dir",
     "Store",
     "Digest",
     "ObjectInfo",

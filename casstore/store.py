@@ -40,7 +40,18 @@ from .manifests import unpin as unpin_name
 from .objects import LocalObjects, ObjectInfo
 from .objects.base import Buffer
 from .refs import LocalRefs
-from .sync import Remote, TransferReport, add_remote, get_remote, load_remotes, remove_remote
+from .sync import (
+    Remote,
+    RemoteUpstream,
+    TransferReport,
+    add_remote,
+    get_remote,
+    load_remotes,
+    load_upstream,
+    remove_remote,
+    resolve_remote,
+    set_upstream,
+)
 from .sync import fetch_object as fetch_remote_object
 from .sync import pull as pull_names
 from .sync import push as push_names
@@ -49,7 +60,8 @@ if TYPE_CHECKING:
     import h5py
     import numpy.typing as npt
 
-__all__ = ["Store", "ObjectInfo", "open_store", "DigestLike", "PathLike", "Duration"]
+__all__ = ["Store", "ObjectInfo", "open_store", "remote_cache_dir", "REMOTE_CACHE_NAME", "DigestLike", "PathLike",
+           "Duration"]
 
 DigestLike = Union[Digest, str]
 PathLike = Union[str, "os.PathLike[str]"]
@@ -92,7 +104,8 @@ class Store:
     """
 
     def __init__(self, root: PathLike, *, create: bool = True, compress: CompressArg = None,
-                 durable: Optional[bool] = None, shared: bool = False, lock_mode: str = "auto") -> None:
+                 durable: Optional[bool] = None, shared: bool = False, lock_mode: str = "auto",
+                 upstream: Union[None, bool, str, Remote] = None) -> None:
         self.root = _as_path(root)
         """The store directory."""
         if create and not (self.root / CONFIG_FILE).exists():
@@ -114,6 +127,7 @@ class Store:
         """The object layer."""
         self.refs = LocalRefs(self.root, durable=self.durable)
         """The refs layer (heads and pins)."""
+        self._set_upstream(upstream)
         self.lock_mode = lock_mode
         """The ``lock_mode`` setting; :meth:`filesystem` says what is used (probed once per mount)."""
         configure(self.root, lock_mode)
@@ -122,6 +136,38 @@ class Store:
                 sweep_stale(self.root / TMP)
             except OSError:  # a read-only bind mount: reading needs no sweep
                 pass
+
+    def _set_upstream(self, upstream: Union[None, bool, str, Remote]) -> None:
+        if upstream is None:  # the store's own setting: `upstream = "NAME"` in remotes.toml
+            name = load_upstream(self)
+            upstream = name if name is not None else False
+        if upstream is True:
+            raise InvalidInputError("upstream= takes a remote (a name in remotes.toml, an s3:// URL or a Remote), "
+                                    "False for none, or None for the store's setting; not True")
+        if upstream is False:
+            self.objects.upstream = None
+        elif isinstance(upstream, Remote):
+            self.objects.upstream = RemoteUpstream.of(upstream)
+        elif isinstance(upstream, str):
+            spec = upstream
+            self.objects.upstream = RemoteUpstream(lambda: resolve_remote(self, spec), spec)
+        else:
+            raise InvalidTypeError(f"upstream must be a remote name, an s3:// URL, a Remote, False or None, "
+                                   f"not {type(upstream).__name__}")
+
+    @property
+    def upstream(self) -> Optional[str]:
+        """The remote missing objects are fetched from on first read (its name or URL), or ``None``."""
+        up = self.objects.upstream
+        return up.label if isinstance(up, RemoteUpstream) else None
+
+    def set_upstream(self, remote: Optional[str]) -> None:
+        """Make configured remote ``remote`` this store's upstream in ``remotes.toml`` (``None``: none).
+
+        Takes effect for this ``Store`` at once and for every later opening of the store.
+        """
+        set_upstream(self, remote)
+        self._set_upstream(remote if remote is not None else False)
 
     def filesystem(self) -> Filesystem:
         """Probe the store's filesystem (locks, hard links, reflink) and say what casstore does there."""
@@ -472,13 +518,16 @@ class Store:
         """
         return push_names(self, remote, *names, force=force)
 
-    def pull(self, remote: Union[Remote, str], *names: str, merge: Union[bool, str] = True) -> TransferReport:
+    def pull(self, remote: Union[Remote, str], *names: str, merge: Union[bool, str] = True,
+             lazy: bool = False) -> TransferReport:
         """Download pins/heads from ``remote``: each object verified as it arrives, refs created last.
 
         A head that diverged from the local one is merged three-way by key
         unless ``merge=False``; ``merge="ours"``/``"theirs"`` settles conflicts.
+        ``lazy=True`` brings refs and manifests only: the objects arrive as they
+        are read, through the store's upstream (which must be ``remote``).
         """
-        return pull_names(self, remote, *names, merge=merge)
+        return pull_names(self, remote, *names, merge=merge, lazy=lazy)
 
     def remotes(self) -> Dict[str, Dict[str, str]]:
         """The remotes configured in ``<root>/remotes.toml``: name -> settings (url, endpoint_url ...)."""
@@ -562,7 +611,9 @@ class Store:
 
 
 def open_store(path: Optional[PathLike] = None, *, create: bool = True, compress: CompressArg = None,
-               durable: Optional[bool] = None, shared: bool = False) -> Store:
+               durable: Optional[bool] = None, shared: bool = False,
+               upstream: Union[None, bool, str, Remote] = None, endpoint_url: Optional[str] = None,
+               cache: Optional[PathLike] = None) -> Store:
     """Open the store at ``path``; create it there on first use unless ``create=False``.
 
     ``compress``: default codec for puts (``None``/``False`` raw, ``True`` zstd
@@ -570,6 +621,16 @@ def open_store(path: Optional[PathLike] = None, *, create: bool = True, compress
     faster, but a power loss may lose recent puts -- never corrupt them, since
     visibility still goes through rename, but a file may be empty after a
     crash of the machine, which ``verify`` reports).
+
+    ``upstream``: a remote (name in ``remotes.toml``, ``s3://`` URL or
+    :class:`Remote`) from which missing objects are fetched, verified, on first
+    read; ``None`` takes the store's own setting (``upstream = "NAME"`` in
+    ``remotes.toml``), ``False`` turns it off (docs/remotes.md, "Read-through").
+
+    ``path="s3://bucket/prefix"`` opens a per-user local cache in front of that
+    remote (under ``cache``, default ``$XDG_CACHE_HOME/casstore-remotes/``): the
+    remote is configured there as ``origin`` (with ``endpoint_url``) and is
+    its upstream.
     """
     from .settings import current
 
@@ -580,7 +641,52 @@ def open_store(path: Optional[PathLike] = None, *, create: bool = True, compress
         compress = int(cfg.compression) if cfg.compression.isdigit() else cfg.compression
     if durable is None:
         durable = cfg.durable
+    if isinstance(path, str) and path.startswith("s3://"):
+        return _open_remote_cache(path, endpoint_url=endpoint_url, cache=cache, compress=compress,
+                                  durable=durable, lock_mode=cfg.lock_mode)
+    if endpoint_url is not None or cache is not None:
+        raise InvalidInputError("endpoint_url= and cache= belong to casstore.open('s3://bucket/prefix', ...); "
+                                "for a local store, configure the remote with store.add_remote()")
     p = _as_path(path)
     if not create and not (p / CONFIG_FILE).exists():
         _load_config(p)  # raises StoreFormatError with the reason
-    return Store(p, create=create, compress=compress, durable=durable, shared=shared, lock_mode=cfg.lock_mode)
+    return Store(p, create=create, compress=compress, durable=durable, shared=shared, lock_mode=cfg.lock_mode,
+                 upstream=upstream)
+
+
+REMOTE_CACHE_NAME = "origin"
+"""The name the remote of ``casstore.open("s3://...")`` has in its local cache's ``remotes.toml``."""
+
+
+def remote_cache_dir(url: str, *, endpoint_url: Optional[str] = None, cache: Optional[PathLike] = None) -> Path:
+    """Where ``casstore.open(url, endpoint_url=..., cache=...)`` keeps its local cache.
+
+    One directory per (URL, endpoint): a readable slug of the bucket and
+    prefix plus a hash, so the same bucket on two servers never shares a cache.
+    """
+    import hashlib
+    import re
+
+    from .sync.remotes import parse_url
+
+    bucket, prefix = parse_url(url)
+    base = _as_path(cache, "cache directory") if cache is not None else Path(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "casstore-remotes"
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{bucket}-{prefix}".strip("-/"))[:80].strip("-.") or "remote"
+    tag = hashlib.sha256(f"{bucket}\0{prefix}\0{endpoint_url or ''}".encode()).hexdigest()[:12]
+    return base / f"{slug}-{tag}"
+
+
+def _open_remote_cache(url: str, *, endpoint_url: Optional[str], cache: Optional[PathLike],
+                       compress: CompressArg, durable: Optional[bool], lock_mode: str) -> Store:
+    root = remote_cache_dir(url, endpoint_url=endpoint_url, cache=cache)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    store = Store(root, compress=compress, durable=durable, lock_mode=lock_mode, upstream=False)
+    want = {"url": url, **({"endpoint_url": endpoint_url} if endpoint_url else {})}
+    if store.remotes().get(REMOTE_CACHE_NAME) != want:
+        store.add_remote(REMOTE_CACHE_NAME, url, endpoint_url=endpoint_url, replace=True)
+    if load_upstream(store) != REMOTE_CACHE_NAME:
+        store.set_upstream(REMOTE_CACHE_NAME)
+    else:
+        store._set_upstream(REMOTE_CACHE_NAME)
+    return store

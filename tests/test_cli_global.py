@@ -131,6 +131,7 @@ def _json_args(path: Tuple[str, ...], tmp_path: Path, names: Dict[str, str]) -> 
         ("fetch",): [(tmp_path / "f.txt").as_uri()],
         ("remote", "add"): ["origin", "s3://bucket/prefix", "--endpoint-url", "http://127.0.0.1:9"],
         ("remote", "ls"): [],
+        ("remote", "upstream"): ["origin"],
         ("remote", "rm"): ["origin"],
         ("gc",): [],
         ("verify",): [],

@@ -36,8 +36,11 @@ def cmd_remote_add(args: argparse.Namespace) -> int:
                          profile=args.profile, replace=args.replace)
     if args.create_bucket:
         rem.create_bucket()
+    if args.upstream:
+        store.set_upstream(args.name)
     if args.json:
-        print(json.dumps({"name": args.name, "url": rem.url, "endpoint_url": rem.endpoint_url}))
+        print(json.dumps({"name": args.name, "url": rem.url, "endpoint_url": rem.endpoint_url,
+                          "upstream": store.upstream == args.name}))
         return 0
     print(f"remote {args.name!r}: {rem.url}" + (f" at {rem.endpoint_url}" if rem.endpoint_url else ""))
     return 0
@@ -86,6 +89,22 @@ def cmd_remote_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_remote_upstream(args: argparse.Namespace) -> int:
+    """``casstore remote upstream [NAME | --none]``: show or set the remote the store reads through."""
+    store = open_from_args(args, create=False)
+    if args.none:
+        store.set_upstream(None)
+    elif args.name:
+        store.set_upstream(args.name)
+    if args.json:
+        print(json.dumps({"upstream": store.upstream}))
+    elif store.upstream is None:
+        print("no upstream: missing objects are not fetched on read (set one: casstore remote upstream NAME)")
+    else:
+        print(f"upstream: {store.upstream} (missing objects are fetched from it, verified, on first read)")
+    return 0
+
+
 def cmd_remote_check(args: argparse.Namespace) -> int:
     """``casstore remote check NAME``: probe the server's conditional writes."""
     rem = _remote(open_from_args(args, create=False), args.name)
@@ -115,7 +134,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         merge = False
     elif args.merge:
         merge = args.merge
-    report = store.pull(rem, *args.names, merge=merge)
+    report = store.pull(rem, *args.names, merge=merge, lazy=args.lazy)
     _print_report(report, args)
     return 0
 
@@ -133,7 +152,8 @@ def _print_report(report: TransferReport, args: argparse.Namespace) -> None:
 
 def register(add: Add) -> None:
     """Add the remote subcommands to the ``casstore`` parser."""
-    action = add_actions(add("remote", None, "configure remotes on S3-compatible object stores (add, ls, check, rm)"),
+    action = add_actions(add("remote", None,
+                             "configure remotes on S3-compatible object stores (add, ls, upstream, check, rm)"),
                          "remote", "remote_command")
     rp = action("add", cmd_remote_add, "record remote NAME at URL (s3://bucket/prefix) in the store's remotes.toml")
     rp.add_argument("name", help="a name for the remote (used by push, pull and remote ls)")
@@ -143,6 +163,12 @@ def register(add: Add) -> None:
     rp.add_argument("--profile", help="AWS profile for this remote's credentials")
     rp.add_argument("--replace", action="store_true", help="replace an existing remote of that name")
     rp.add_argument("--create-bucket", action="store_true", help="create the bucket if it does not exist")
+    rp.add_argument("--upstream", action="store_true",
+                    help="read through it: fetch missing objects from it on first read")
+    rp.add_argument("--json", action="store_true")
+    rp = action("upstream", cmd_remote_upstream, "show or set the remote missing objects are fetched from on read")
+    rp.add_argument("name", nargs="?", help="a remote from `casstore remote ls` (default: show the current one)")
+    rp.add_argument("--none", action="store_true", help="read through no remote")
     rp.add_argument("--json", action="store_true")
     rp = action("ls", cmd_remote_ls, "list configured remotes, or the pins and heads on remote NAME")
     rp.add_argument("name", nargs="?", help="a remote to list the pins and heads of (default: list remotes)")
@@ -167,5 +193,7 @@ def register(add: Add) -> None:
     g = sp.add_mutually_exclusive_group()
     g.add_argument("--no-merge", action="store_true", help="refuse to merge a diverged head (conflict error)")
     g.add_argument("--merge", choices=["ours", "theirs"], help="merge a diverged head; conflicting keys take this side")
+    sp.add_argument("--lazy", action="store_true",
+                    help="refs and manifests only; objects arrive as they are read (the remote must be the upstream)")
     sp.add_argument("--workers", type=workers_arg, default=None, help="parallel transfers (default 16)")
     sp.add_argument("--json", action="store_true")

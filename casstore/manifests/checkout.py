@@ -455,6 +455,8 @@ def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]],
     ents: Dict[str, Entry] = dict(man.entries.items())
     _conflicts(man, ents)
     out = Path(os.fspath(outdir)).absolute()
+    if store.objects.upstream is not None:  # read-through: bring every missing object home before writing a file
+        store.objects.fetch_many([e.digest for e in ents.values() if not store.objects.has(e.digest)])
     for key, e in ents.items():
         if not store.objects.has(e.digest):
             raise ObjectNotFoundError(

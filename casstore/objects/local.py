@@ -64,7 +64,8 @@ from .._fs import (
     syncfs,
 )
 from .._fsprobe import mount_of, overlay_upper, syncfs_trusted
-from .._layout import OBJECTS, is_fanout, object_path
+from .._layout import LOCKS, OBJECTS, is_fanout, object_path
+from .._lock import FileLock
 from ..codecs import CODECS, RAW, ZSTD, Codec, CompressArg, file_sample_pays, normalize_compress, sample_pays
 from ..digest import Digest, HashBeside, hash_bytes, hash_fd, new_hasher, parse_prefix
 from ..errors import (
@@ -79,6 +80,7 @@ from ..errors import (
 )
 from .base import Buffer, ObjectInfo, ObjectStore
 from .reader import ObjectReader, open_object_file
+from .upstream import RangedReader, Upstream
 
 __all__ = ["LocalObjects", "Located", "ObjFile", "StagedObject", "HashRecord", "as_buffer", "CHUNK",
            "TRUST_SECONDS", "HASHED_DIR"]
@@ -297,6 +299,10 @@ class HashRecord:
             pass
 
 
+FETCH_WORKERS = 8
+"""Parallel downloads of :meth:`LocalObjects.fetch_many` (network I/O: more than the CPU count)."""
+
+
 class LocalObjects(ObjectStore):
     """The objects of a store rooted at a local directory (see the module docstring)."""
 
@@ -315,6 +321,8 @@ class LocalObjects(ObjectStore):
         self._writable = os.access(tmp, os.W_OK)
         self._syncfs_ok: Optional[bool] = None
         self._overlay: Optional[Tuple[str, str]] = None  # (mount, upperdir) or ("", "")
+        self.upstream: Optional[Upstream] = None
+        """Where missing objects are fetched from on first read (read-through; ``None``: nowhere)."""
 
     # -- capabilities --
 
@@ -330,15 +338,75 @@ class LocalObjects(ObjectStore):
 
     # -- locating --
 
-    def locate(self, d: Digest) -> Located:
-        """Where an existing object is (raw preferred); :class:`ObjectNotFoundError` otherwise."""
+    def _find(self, d: Digest) -> Optional[Located]:
         for codec in CODECS:
             p = object_path(self.root, d, codec)
             if os.path.lexists(p):
                 return Located(str(p), codec)
-        raise ObjectNotFoundError(
+        return None
+
+    def locate(self, d: Digest) -> Located:
+        """Where an existing object is (raw preferred); :class:`ObjectNotFoundError` otherwise.
+
+        With an :attr:`upstream`, a missing object is fetched first (verified;
+        once across the processes that miss it together: :meth:`fetch`).
+        """
+        loc = self._find(d)
+        if loc is None and self.upstream is not None:
+            self.fetch(d)
+            loc = self._find(d)
+        if loc is None:
+            raise self._missing(d)
+        return loc
+
+    def _missing(self, d: Digest) -> ObjectNotFoundError:
+        if self.upstream is not None:
+            return ObjectNotFoundError(
+                f"object {d} is neither in the store at {self.root} nor on its upstream {self.upstream.describe()}"
+            )
+        return ObjectNotFoundError(
             f"object {d} is not in the store at {self.root}; put it first or fetch it from a remote"
         )
+
+    def fetch(self, d: Digest) -> bool:
+        """Bring a missing object home from the :attr:`upstream`; False if it was here already.
+
+        Under the lock of the object's fan-out (``locks/fetch/<2 hex>.lock``):
+        presence is re-checked there, so of many processes (or threads) that
+        miss the same object at once, one downloads and the others find it
+        (objects/upstream.py).  :class:`ObjectNotFoundError` if the upstream
+        lacks it too; :class:`IntegrityError` (nothing kept) if its bytes are wrong.
+        """
+        up = self.upstream
+        if up is None:
+            raise self._missing(d)
+        if self._find(d) is not None:
+            return False
+        with FileLock(self.root / LOCKS / "fetch" / f"{d.hex[:2]}.lock", heartbeat=1.0,
+                      what=f"fetching object {d} from {up.describe()}"):
+            if self._find(d) is not None:
+                return False  # another reader brought it while we waited
+            try:
+                up.fetch_into(d, self)
+            except ObjectNotFoundError:
+                raise self._missing(d) from None
+        return True
+
+    def fetch_many(self, digests: Iterable[Digest], *, workers: int = FETCH_WORKERS) -> int:
+        """:meth:`fetch` each missing object of ``digests`` from the upstream, ``workers`` at a time.
+
+        Returns how many were downloaded here.  The first failure is raised
+        (objects already fetched stay: each is verified and complete).
+        """
+        todo = sorted({d for d in digests if self._find(d) is None})
+        if not todo:
+            return 0
+        if len(todo) == 1 or workers <= 1:
+            return sum(self.fetch(d) for d in todo)
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(workers, len(todo)), thread_name_prefix="casstore-fetch") as ex:
+            return sum(ex.map(self.fetch, todo))
 
     def has(self, digest: Digest) -> bool:
         """Is the object present (in any codec)?"""
@@ -904,8 +972,23 @@ class LocalObjects(ObjectStore):
     # -- reading --
 
     def open(self, digest: Digest, *, verify: bool = True) -> BinaryIO:
-        """Open an object for streaming, read-only (see :class:`~casstore.objects.reader.ObjectReader`)."""
-        loc = self.locate(digest)
+        """Open an object for streaming, read-only (see :class:`~casstore.objects.reader.ObjectReader`).
+
+        A missing object of at least ``upstream.ranged_min`` bytes is not
+        downloaded whole: the stream fetches the ranges read
+        (:class:`~casstore.objects.upstream.RangedReader`; verified, and kept
+        locally, only when read in order to the end).
+        """
+        loc = self._find(digest)
+        if loc is None and self.upstream is not None and self.upstream.ranged_min is not None:
+            try:
+                size = self.upstream.size(digest)
+            except ObjectNotFoundError:
+                raise self._missing(digest) from None
+            if size >= self.upstream.ranged_min:
+                return io.BufferedReader(RangedReader(self.upstream, digest, size, self), buffer_size=_READ_BUFFER)
+        if loc is None:
+            loc = self.locate(digest)
         fd, st = open_object_file(loc.path, digest)
         try:
             size = self._size(fd, st.st_size, loc, digest)
@@ -1129,14 +1212,19 @@ class LocalObjects(ObjectStore):
 
     def resolve(self, prefix: Union[str, Digest]) -> Digest:
         """Turn a unique digest prefix (``"blake3:9f2c"`` or ``"9f2c"``) into a Digest."""
-        if isinstance(prefix, Digest):
-            self.locate(prefix)
-            return prefix
-        hexp = parse_prefix(prefix)
-        if len(hexp) == 64:  # a whole digest: whatever is planted there is reported by the read, not hidden
-            d = Digest(hexp)
-            self.locate(d)
+        if isinstance(prefix, Digest) or len(parse_prefix(prefix)) == 64:
+            # A whole digest: whatever is planted there is reported by the read, not hidden.  Present on
+            # the upstream counts (the read fetches it); resolving never downloads.
+            d = prefix if isinstance(prefix, Digest) else Digest(parse_prefix(prefix))
+            if self._find(d) is None:
+                if self.upstream is None:
+                    raise self._missing(d)
+                try:
+                    self.upstream.size(d)
+                except ObjectNotFoundError:
+                    raise self._missing(d) from None
             return d
+        hexp = parse_prefix(prefix)
         found = sorted({f.hex for f in self.scan(hexp)[0]})
         if not found:
             raise ObjectNotFoundError(f"no object matches {prefix!r} in the store at {self.root}")

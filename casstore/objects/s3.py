@@ -382,6 +382,32 @@ class S3Connection:
         except BotoCoreError as e:
             raise self.translate(e, action, key) from None
 
+    def get_range(self, key: str, start: int, length: int, *, action: str = "reading") -> Optional[bytes]:
+        """Bytes ``[start, start + length)`` of ``key`` (fewer at its end); ``None`` if it does not exist.
+
+        Never more than ``length`` bytes are read, whatever the server sends.
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if length <= 0:
+            return b""
+        try:
+            r = self._c.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{start + length - 1}")
+            body = r["Body"]
+            try:
+                data: bytes = body.read(length)
+            finally:
+                body.close()
+            return data
+        except ClientError as e:
+            if is_missing(e):
+                return None
+            if _code_status(e)[1] == 416:  # range past the end: nothing there
+                return b""
+            raise self.translate(e, action, key) from None
+        except BotoCoreError as e:
+            raise self.translate(e, action, key) from None
+
     def open(self, key: str, *, action: str = "reading") -> Optional[Tuple[io.RawIOBase, int]]:
         """A streaming GET of ``key``: ``(body, announced size)``, or ``None`` if it does not exist."""
         from botocore.exceptions import BotoCoreError, ClientError
@@ -702,6 +728,13 @@ class S3Objects(ObjectStore):
             if h != digest:
                 raise self.corrupt_error(digest, h, len(got.data))
         return got.data
+
+    def read_range(self, digest: Digest, start: int, length: int) -> bytes:
+        """Up to ``length`` bytes of the object from ``start`` (unverified: the caller hashes them)."""
+        got = self.connection.get_range(self.key(digest), start, length, action="reading a range of object")
+        if got is None:
+            raise self.missing_error(digest)
+        return got
 
     def write(self, digest: Digest, data: Buffer) -> bool:
         """Upload an object create-only; ``False`` if it was there already (412: same content).

@@ -9,7 +9,10 @@ The feature's modules:
 ``merge``     history walks and the three-way merge of two versions.
 ``push``      objects first, refs last by compare-and-swap.
 ``pull``      versions decoded (and refused if hostile) before anything is stored,
-              objects verified, refs last; :func:`fetch_object`.
+              objects verified, refs last; :func:`fetch_object`; ``lazy=True``: refs and
+              manifests only.
+``readthrough`` a remote as a store's upstream (:class:`RemoteUpstream`): missing
+              objects fetched, verified, on first read.
 
 The S3 transport itself is in the layers below: :mod:`casstore.objects.s3`
 and :mod:`casstore.refs.s3`.
@@ -20,8 +23,19 @@ from __future__ import annotations
 from .merge import merge_versions
 from .pull import fetch_object, pull
 from .push import push
-from .remotes import Remote, add_remote, get_remote, load_remotes, remove_remote
+from .readthrough import RemoteUpstream
+from .remotes import (
+           Remote,
+           add_remote,
+           get_remote,
+           load_remotes,
+           load_upstream,
+           remove_remote,
+           resolve_remote,
+           set_upstream,
+)
 from .transfer import TransferReport
 
 __all__ = ["Remote", "TransferReport", "push", "pull", "fetch_object", "merge_versions", "load_remotes",
-           "add_remote", "remove_remote", "get_remote"]
+           "add_remote", "remove_remote", "get_remote", "RemoteUpstream", "load_upstream", "set_upstream",
+           "resolve_remote"]

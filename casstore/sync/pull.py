@@ -38,6 +38,7 @@ from ..errors import (
 from ..manifests.model import ManifestDoc, decode_manifest, load_manifest, walk_tree
 from ..refs import validate_name
 from .merge import is_ancestor, merge_versions
+from .readthrough import RemoteUpstream
 from .remotes import Remote, load_remotes, resolve_remote
 from .transfer import Publisher, TransferReport, download_object, run_parallel
 
@@ -134,9 +135,11 @@ def _remote_versions(store: Store, rem: Remote, d: Digest, *, history: bool,
     return top
 
 
-def _require_closure(store: Store, d: Digest, name: str, rem: Remote) -> None:
-    """The pulled version and its entries must all be here before a ref names them."""
+def _require_closure(store: Store, d: Digest, name: str, rem: Remote, lazy: bool) -> None:
+    """The pulled version and its entries (unless ``lazy``) must all be here before a ref names them."""
     doc = load_manifest(store.objects, d)
+    if lazy:
+        return  # the entries arrive through the store's upstream as they are read
     missing = [k for k, e in doc.entries.items() if not store.objects.has(e.digest)]
     if missing:
         raise ObjectNotFoundError(
@@ -146,12 +149,12 @@ def _require_closure(store: Store, d: Digest, name: str, rem: Remote) -> None:
 
 
 def _update_local_ref(store: Store, rem: Remote, kind: str, name: str, d: Digest,
-                      merge: Union[bool, str]) -> str:
+                      merge: Union[bool, str], lazy: bool) -> str:
     refs = store.refs
     where = rem.describe()
     # The name's lock, then the GC lock shared, as for any commit (docs/maintenance.md).
     with refs.lock(name, what=f"manifest {name!r}"), commit_lock(store):
-        _require_closure(store, d, name, rem)
+        _require_closure(store, d, name, rem, lazy)
         pin = refs.get("pins", name)
         head = refs.get("heads", name)
         if kind == "pins":
@@ -217,17 +220,27 @@ def _targets(rem: Remote, names: Tuple[str, ...]) -> List[Tuple[str, str, Digest
     return targets
 
 
-def pull(store: Store, remote: Union[Remote, str], *names: str, merge: Union[bool, str] = True) -> TransferReport:
+def pull(store: Store, remote: Union[Remote, str], *names: str, merge: Union[bool, str] = True,
+         lazy: bool = False) -> TransferReport:
     """Download pins/heads (all the remote has if no names); see :meth:`Store.pull`.
 
     ``merge``: ``True`` merges a diverged head three-way (conflicting keys
     raise :class:`RemoteConflictError`), ``"ours"``/``"theirs"`` settle
     conflicts for that side, ``False`` refuses to merge (conflict error).
+    ``lazy``: refs and manifest versions only; the entries' objects arrive
+    through the store's upstream as they are read (the store must read
+    through this remote: :class:`InvalidInputError` otherwise).
     """
     t0 = time.perf_counter()
     rem = resolve_remote(store, remote)
     if merge not in (True, False, "ours", "theirs"):
         raise InvalidInputError(f"merge must be True, False, 'ours' or 'theirs', not {merge!r}")
+    if lazy and not _reads_through(store, rem):
+        raise InvalidInputError(
+            f"pull --lazy from {rem.describe()} brings no data objects, so the store must fetch them from that "
+            f"remote as they are read: make it the upstream first (store.set_upstream('{rem.name or 'NAME'}'), "
+            f"`casstore remote upstream {rem.name or 'NAME'}`, or casstore.open(path, upstream=...))"
+        )
     targets = _targets(rem, names)
     objects = store.objects
     # 1. Manifest versions (heads with their history, for merges): every one verified and decoded
@@ -254,8 +267,8 @@ def pull(store: Store, remote: Union[Remote, str], *names: str, merge: Union[boo
     versions = set(fetched) | {d for _, _, d in targets}
     for v in versions:
         content.pop(v, None)
-    missing = [d for d in content if not objects.has(d)]
-    present = len(content) - len(missing)
+    missing = [] if lazy else [d for d in content if not objects.has(d)]
+    present = len(content) - len(missing) if not lazy else sum(1 for d in content if objects.has(d))
     # 2. Objects, in parallel, each verified before it is published in a batch.
     n_objects = n_bytes = 0
     known = sum(s for d in missing if (s := content[d]) is not None)
@@ -290,8 +303,18 @@ def pull(store: Store, remote: Union[Remote, str], *names: str, merge: Union[boo
     fault("remote.before-refs")
     refs: Dict[str, str] = {}
     for kind, name, d in targets:
-        refs[f"{kind}/{name}"] = _update_local_ref(store, rem, kind, name, d, merge)
+        refs[f"{kind}/{name}"] = _update_local_ref(store, rem, kind, name, d, merge, lazy)
     return TransferReport(rem.describe(), refs, n_objects, n_bytes, present, time.perf_counter() - t0)
+
+
+def _reads_through(store: Store, rem: Remote) -> bool:
+    """Is ``rem`` (the same bucket and prefix) the store's upstream?"""
+    up = store.objects.upstream
+    if not isinstance(up, RemoteUpstream):
+        return False
+    mine = up.remote
+    return ((mine.objects.connection.bucket, mine.objects.prefix, mine.endpoint_url)
+            == (rem.objects.connection.bucket, rem.objects.prefix, rem.endpoint_url))
 
 
 def fetch_object(store: Store, digest: Union[Digest, str], *,

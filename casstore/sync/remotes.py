@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..store import Store
 
 __all__ = ["Remote", "parse_url", "resolve_remote", "load_remotes", "add_remote", "remove_remote", "get_remote",
-           "REMOTES_FILE"]
+           "REMOTES_FILE", "load_upstream", "set_upstream"]
 
 REMOTES_FILE = "remotes.toml"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -155,17 +155,19 @@ def _remotes_path(store: Store) -> Path:
     return store.root / REMOTES_FILE
 
 
-def load_remotes(store: Store) -> Dict[str, Dict[str, str]]:
-    """The remotes configured for ``store``: name -> settings (``url``, ``endpoint_url`` ...)."""
+def _load_doc(store: Store) -> Dict[str, object]:
     p = _remotes_path(store)
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
         return {}
     try:
-        doc = tomllib.loads(raw.decode("utf-8"))
+        return tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise StoreFormatError(f"{p} is not valid TOML ({e}); fix or remove it") from None
+
+
+def _remotes_of(doc: Dict[str, object], p: Path) -> Dict[str, Dict[str, str]]:
     remotes = doc.get("remotes", {})
     if not isinstance(remotes, dict):
         raise StoreFormatError(f"{p}: [remotes] must be a table")
@@ -180,12 +182,35 @@ def load_remotes(store: Store) -> Dict[str, Dict[str, str]]:
     return out
 
 
+def _upstream_of(doc: Dict[str, object], remotes: Dict[str, Dict[str, str]], p: Path) -> Optional[str]:
+    up = doc.get("upstream")
+    if up is None:
+        return None
+    if not isinstance(up, str) or up not in remotes:
+        raise StoreFormatError(f"{p}: upstream = {up!r} names no remote of this file; fix or remove that line")
+    return up
+
+
+def load_remotes(store: Store) -> Dict[str, Dict[str, str]]:
+    """The remotes configured for ``store``: name -> settings (``url``, ``endpoint_url`` ...)."""
+    return _remotes_of(_load_doc(store), _remotes_path(store))
+
+
+def load_upstream(store: Store) -> Optional[str]:
+    """The remote the store reads through (``upstream = "NAME"`` in ``remotes.toml``), or ``None``."""
+    doc = _load_doc(store)
+    p = _remotes_path(store)
+    return _upstream_of(doc, _remotes_of(doc, p), p)
+
+
 def _toml_str(s: str) -> str:
     return json.dumps(s, ensure_ascii=True)  # JSON's \\u escapes are valid in a TOML basic string
 
 
-def _write_remotes(store: Store, remotes: Dict[str, Dict[str, str]]) -> None:
+def _write_remotes(store: Store, remotes: Dict[str, Dict[str, str]], upstream: Optional[str]) -> None:
     lines = ["# casstore remotes of this store (see docs/format.md); credentials are never stored here"]
+    if upstream is not None and upstream in remotes:
+        lines.append(f"upstream = {_toml_str(upstream)}  # missing objects are fetched from it on first read")
     for name in sorted(remotes):
         lines.append("")
         lines.append(f"[remotes.{_toml_str(name)}]")
@@ -220,7 +245,7 @@ def add_remote(store: Store, name: str, url: str, *, endpoint_url: Optional[str]
             if v:
                 cfg[k] = v
         remotes[name] = cfg
-        _write_remotes(store, remotes)
+        _write_remotes(store, remotes, load_upstream(store))
     return get_remote(store, name)
 
 
@@ -231,7 +256,19 @@ def remove_remote(store: Store, name: str) -> None:
         if name not in remotes:
             raise ObjectNotFoundError(f"no remote named {name!r} in {_remotes_path(store)}")
         del remotes[name]
-        _write_remotes(store, remotes)
+        up = load_upstream(store)
+        _write_remotes(store, remotes, None if up == name else up)
+
+
+def set_upstream(store: Store, name: Optional[str]) -> None:
+    """Make remote ``name`` the store's upstream (read-through), or none with ``None``."""
+    with _config_lock(store):
+        remotes = load_remotes(store)
+        if name is not None and name not in remotes:
+            known = ", ".join(sorted(remotes)) or "none"
+            raise ObjectNotFoundError(f"no remote named {name!r} to read through (configured: {known}); "
+                                      f"add it first: `casstore remote add {name} s3://bucket/prefix`")
+        _write_remotes(store, remotes, name)
 
 
 def get_remote(store: Store, name: str, *, workers: int = DEFAULT_WORKERS,
