@@ -317,3 +317,28 @@ def test_upstream_argument_is_checked(tmp_path: Path) -> None:
     s = casstore.open(tmp_path / "s", upstream="nope")  # resolved on first use, not at open
     with pytest.raises(ObjectNotFoundError, match="no remote named 'nope'"):
         s.get(casstore.Digest.of(b"x"))
+
+
+def test_verify_counts_upstream_objects_as_not_fetched_yet_not_missing(tmp_path: Path, remote: casstore.Remote,
+                                                                       seaweed: Any) -> None:
+    a, ds = _published(remote, tmp_path, n=4)
+    b = _reader(tmp_path, remote)
+    b.pull(remote, "exp", lazy=True)
+    rep = b.verify()
+    assert rep.ok and not rep.missing and not rep.lost
+    assert set(rep.upstream) == set(ds.values())
+    # Really missing everywhere: still reported missing and lost.
+    seaweed.client().delete_object(Bucket=BUCKET, Key=_key(remote, ds["f0.bin"]))
+    rep = b.verify()
+    assert rep.missing == (ds["f0.bin"],) and ds["f0.bin"] in rep.lost and not rep.ok
+    # A corrupt local copy of an object the upstream holds: not lost; after repair a read fetches a good copy.
+    d = ds["f1.bin"]
+    p = b.path(d)
+    os.chmod(p, 0o644)
+    p.write_bytes(b"rotten")
+    rep = b.verify(repair=True)
+    assert d in rep.corrupt and d not in rep.lost
+    assert b.get(d) == a.get(d)
+    # The same store without an upstream: the lazily pulled objects are missing (no remote is asked).
+    c = casstore.open(tmp_path / "b", upstream=False)
+    assert set(c.verify().missing) >= {ds["f2.bin"], ds["f3.bin"]}

@@ -112,6 +112,9 @@ class VerifyReport:
     seconds: float
     fast: bool
     repaired: bool
+    upstream: Tuple[Digest, ...] = ()
+    """Objects a pin or head needs that are not here but are on the store's upstream (read-through
+    fetches each on first read, e.g. after ``pull --lazy``): not damage, neither missing nor lost."""
     provenance: Tuple[str, ...] = ()
     """Malformed or unreadable derive provenance records of pins and current heads (what gc warns
     about; it keeps nothing extra for them).  Not damage by itself: ``ok`` does not depend on it."""
@@ -143,6 +146,9 @@ class VerifyReport:
             lines.append(f"REMOVED  {p}")
         for w in self.provenance:
             lines.append(f"PROVENANCE {w}")
+        if self.upstream:
+            lines.append(f"{len(self.upstream)} object(s) needed by pins or heads are not here but on the upstream; "
+                         "they are fetched (verified) on first read")
         for d, who in self.lost.items():
             lines.append(f"LOST     {d}: needed by {', '.join(who)}; no good copy is left in objects/ "
                          "-- put the original data again (or fetch it from a remote)")
@@ -173,6 +179,7 @@ class VerifyReport:
             "fast": self.fast,
             "repaired": self.repaired,
             "provenance": list(self.provenance),
+            "upstream": [str(d) for d in self.upstream],
         }
 
 
@@ -444,8 +451,18 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
             good.add(h)
             continue
         missing.append(h)
-        who = need[h]
-        details[h] = "referenced by " + ", ".join(who[:5]) + (f" and {len(who) - 5} more" if len(who) > 5 else "")
+
+    # Read-through: what the upstream holds is not missing here, only not fetched yet (one listing).
+    # A corrupt object the upstream holds is not lost either: once repair moves it aside, the next read
+    # fetches a good copy.
+    up = objects.upstream
+    ask = missing + [h for h in corrupt_hex if h in need]
+    remote_h = {d.hex for d in up.present(Digest(h) for h in ask)} if up is not None and ask else set()
+    missing = [h for h in missing if h not in remote_h]
+    for h in missing:
+        needers = need[h]
+        details[h] = ("referenced by " + ", ".join(needers[:5])
+                      + (f" and {len(needers) - 5} more" if len(needers) > 5 else ""))
 
     quarantined: List[Path] = []
     removed: List[Path] = []
@@ -467,7 +484,7 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
             removed = sweep_stale(objects.tmp)
 
     # Needed by a pin or head, with no good copy: report who needs it (never silent).
-    lost_h = [h for h in sorted(need) if h not in good]
+    lost_h = [h for h in sorted(need) if h not in good and h not in remote_h]
     lost = {Digest(h): tuple(need[h]) for h in lost_h}
     shown = set(corrupt_hex) | set(missing) | set(lost_h) | unreadable
 
@@ -489,6 +506,7 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
         lost=MappingProxyType(lost),
         quarantined=tuple(quarantined),
         provenance=provenance,
+        upstream=tuple(Digest(h) for h in sorted(remote_h) if h not in good),
         removed_tmp=tuple(removed),
         checked=checked,
         skipped=skipped,

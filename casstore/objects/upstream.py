@@ -37,12 +37,12 @@ from __future__ import annotations
 
 import io
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Iterable, Optional, Set, Union
 
 from .._fs import Staging
 from ..codecs import RAW
 from ..digest import Digest, new_hasher
-from ..errors import IntegrityError
+from ..errors import IntegrityError, ObjectNotFoundError
 
 if TYPE_CHECKING:
     from .local import LocalObjects
@@ -80,6 +80,17 @@ class Upstream(ABC):
     @abstractmethod
     def read_range(self, digest: Digest, start: int, length: int) -> bytes:
         """Up to ``length`` bytes of the object from offset ``start`` (unverified: the caller hashes)."""
+
+    def present(self, digests: Iterable[Digest]) -> Set[Digest]:
+        """Which of ``digests`` the upstream holds (default: one :meth:`size` each; override to list)."""
+        out: Set[Digest] = set()
+        for d in digests:
+            try:
+                self.size(d)
+            except ObjectNotFoundError:
+                continue
+            out.add(d)
+        return out
 
 
 class RangedReader(io.RawIOBase):

@@ -15,7 +15,7 @@ object is local never talks to the remote.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional, Set
 
 from ..digest import Digest
 from ..objects import LocalObjects
@@ -75,6 +75,10 @@ class RemoteUpstream(Upstream):
     def read_range(self, digest: Digest, start: int, length: int) -> bytes:
         """One ranged ``GetObject``."""
         return self.remote.objects.read_range(digest, start, length)
+
+    def present(self, digests: Iterable[Digest]) -> Set[Digest]:
+        """Which of ``digests`` the remote holds, by listing (never one request per object)."""
+        return self.remote.objects.present(digests)
 
     def __repr__(self) -> str:
         return f"RemoteUpstream({self.label!r})"
