@@ -342,3 +342,69 @@ def test_verify_counts_upstream_objects_as_not_fetched_yet_not_missing(tmp_path:
     # The same store without an upstream: the lazily pulled objects are missing (no remote is asked).
     c = casstore.open(tmp_path / "b", upstream=False)
     assert set(c.verify().missing) >= {ds["f2.bin"], ds["f3.bin"]}
+
+
+def test_server_stopped_mid_read_bounded_backend_error_local_reads_work_offline(tmp_path: Path,
+                                                                              aws_credentials: Any) -> None:
+    import signal
+    import time
+
+    from _seaweed import start_seaweed
+
+    srv = start_seaweed()
+    try:
+        rem = casstore.Remote("s3://rt-dying/x", endpoint_url=srv.endpoint, name="dying", workers=2,
+                              connect_timeout=1, read_timeout=2, max_attempts=2, progress=False)
+        rem.create_bucket()
+        a = casstore.open(tmp_path / "a", durable=False)
+        blobs = [os.urandom(20_000 + i) for i in range(6)]
+        with a.edit("h") as m:
+            for i, blob in enumerate(blobs):
+                m[f"k{i}"] = a.put(blob)
+        a.push(rem, "h")
+        ds = [casstore.Digest.of(x) for x in blobs]
+        b = casstore.open(tmp_path / "b", upstream=rem)
+        b.pull(rem, "h", lazy=True)
+        assert b.get(ds[0]) == blobs[0]  # fetched while the server runs
+        # A hung server (stopped, its socket still accepting): a typed error within a bounded time.
+        srv.proc.send_signal(signal.SIGSTOP)
+        t = time.monotonic()
+        with pytest.raises(casstore.BackendError, match="remote 'dying'"):
+            b.get(ds[1])
+        assert time.monotonic() - t < 30
+        # A dead server: the same, at once.
+        srv.proc.send_signal(signal.SIGKILL)
+        srv.proc.wait()
+        t = time.monotonic()
+        with pytest.raises(casstore.BackendError, match="unreachable"):
+            b.checkout("h", tmp_path / "out")
+        assert time.monotonic() - t < 30
+        assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # nothing half-written
+        assert os.listdir(b.root / "tmp") == [] and not b.objects.has(ds[1])
+        # Offline: what is local still reads, manifests included.
+        assert b.get(ds[0]) == blobs[0]
+        assert set(b.manifest("h")) == {f"k{i}" for i in range(6)}
+    finally:
+        try:
+            srv.proc.send_signal(signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        srv.stop()
+
+
+def test_pandas_reads_a_lazily_pulled_file_through_casstore_urls(tmp_path: Path, remote: casstore.Remote,
+                                                                  seaweed: Any) -> None:
+    import pandas as pd
+
+    a = casstore.open(tmp_path / "a")
+    with a.edit("exp") as m:
+        m["metrics.csv"] = d = a.put(b"step,loss\n1,0.5\n2,0.25\n")
+    a.push(remote, "exp")
+    b = casstore.open(tmp_path / "b")
+    b.add_remote("origin", remote.url, endpoint_url=seaweed.endpoint)
+    b.set_upstream("origin")  # remotes.toml: every later open of this store reads through
+    b.pull("origin", "exp", lazy=True)
+    assert not b.objects.has(d)
+    df = pd.read_csv("casstore://exp/metrics.csv", storage_options={"store": str(b.root)})
+    assert list(df["loss"]) == [0.5, 0.25]
+    assert b.objects.has(d)
