@@ -49,7 +49,7 @@ BUCKET = "casstore-bench"
 WORKERS = 16
 
 
-class _Server:
+class SharedServer:
     """One SeaweedFS for the whole benchmark module (started lazily, stopped at the end)."""
 
     srv: Any = None
@@ -70,6 +70,13 @@ class _Server:
         return cls.srv
 
     @classmethod
+    def client(cls) -> Any:
+        """A boto3 client of the server."""
+        import _seaweed
+
+        return _seaweed.s3_client(cls.get().endpoint)
+
+    @classmethod
     def stop(cls) -> None:
         """Stop the server if it runs."""
         if cls.srv is not None:
@@ -86,12 +93,10 @@ def _mk(p: Path) -> Path:
 
 
 def _client() -> Any:
-    import _seaweed
-
-    return _seaweed.s3_client(_Server.get().endpoint)
+    return SharedServer.client()
 
 
-def _delete_prefix(client: Any, prefix: str) -> None:
+def delete_prefix(client: Any, prefix: str) -> None:
     """Untimed cleanup so the server's state does not grow round after round."""
     keys: List[Dict[str, str]] = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
@@ -101,7 +106,7 @@ def _delete_prefix(client: Any, prefix: str) -> None:
 
 
 def _remote(prefix: str) -> casstore.Remote:
-    return casstore.Remote(f"s3://{BUCKET}/{prefix}", endpoint_url=_Server.get().endpoint, workers=WORKERS,
+    return casstore.Remote(f"s3://{BUCKET}/{prefix}", endpoint_url=SharedServer.get().endpoint, workers=WORKERS,
                            progress=False)
 
 
@@ -129,7 +134,7 @@ def _transfer_rows(label: str, n: int, size: int, reps: int, tmp: Path) -> List[
         state["prefix"] = f"push-{uuid.uuid4().hex[:10]}"
 
     def cleanup(_r: int) -> None:
-        _delete_prefix(client, state["prefix"] + "/")
+        delete_prefix(client, state["prefix"] + "/")
 
     def cas_push(_r: int) -> None:
         rep = src.push(_remote(state["prefix"]), "data")
@@ -196,7 +201,7 @@ def _transfer_rows(label: str, n: int, size: int, reps: int, tmp: Path) -> List[
                        Case("par", floor_pull_par, fresh_store, None),
                        Case("seq_write", floor_pull_write, fresh_store, drop_store),
                        Case("cas_scratch", cas_pull_scratch, fresh_store, drop_store)], reps)
-    _delete_prefix(client, pull_prefix + "/")
+    delete_prefix(client, pull_prefix + "/")
 
     rows: List[Row] = []
     for op, res in (("push", push), ("pull", pull)):
@@ -270,7 +275,7 @@ def bench_noop_push(quick: bool) -> List[Row]:
                             details={"requests": reqs, "prefixes_needed": fans, "seconds": summary(times)}))
             rows.append(Row(f"no-op push of {n} objects, {label}: time", median(times) * 1e3, None, "ms",
                             details={"seconds": summary(times)}))
-            _delete_prefix(client, prefix + "/")
+            delete_prefix(client, prefix + "/")
     return rows
 
 
@@ -282,7 +287,7 @@ def run(quick: bool) -> List[Row]:
     try:
         return run_scenarios(SCENARIOS, quick)
     finally:
-        _Server.stop()
+        SharedServer.stop()
 
 
 if __name__ == "__main__":  # python benchmarks/bench_remote.py [--quick]

@@ -74,6 +74,7 @@ from ..errors import (
     IntegrityError,
     InvalidInputError,
     InvalidTypeError,
+    LockTimeout,
     ObjectNotFoundError,
     ReadOnlyError,
     StoreFormatError,
@@ -302,6 +303,9 @@ class HashRecord:
 FETCH_WORKERS = 8
 """Parallel downloads of :meth:`LocalObjects.fetch_many` (network I/O: more than the CPU count)."""
 
+FETCH_WAIT = 120.0
+"""Seconds a read waits for another process's download of the same object before downloading it too."""
+
 
 class LocalObjects(ObjectStore):
     """The objects of a store rooted at a local directory (see the module docstring)."""
@@ -382,14 +386,27 @@ class LocalObjects(ObjectStore):
             raise self._missing(d)
         if self._find(d) is not None:
             return False
-        with FileLock(self.root / LOCKS / "fetch" / f"{d.hex[:2]}.lock", heartbeat=1.0,
-                      what=f"fetching object {d} from {up.describe()}"):
+        # No heartbeat thread: starting and joining one per object cost more than the GET of a 64 KiB
+        # object on a loaded machine.  The lock only saves duplicate downloads (publishing is
+        # create-only), so a waiter that sees no end after FETCH_WAIT seconds (a stopped holder, a
+        # huge object) downloads the object itself instead of failing.
+        lock: Optional[FileLock] = FileLock(self.root / LOCKS / "fetch" / f"{d.hex[:2]}.lock", timeout=FETCH_WAIT,
+                                            what=f"fetching object {d} from the upstream")
+        try:
+            assert lock is not None
+            lock.acquire()
+        except LockTimeout:
+            lock = None
+        try:
             if self._find(d) is not None:
                 return False  # another reader brought it while we waited
             try:
                 up.fetch_into(d, self)
             except ObjectNotFoundError:
                 raise self._missing(d) from None
+        finally:
+            if lock is not None:
+                lock.release()
         return True
 
     def fetch_many(self, digests: Iterable[Digest], *, workers: int = FETCH_WORKERS) -> int:

@@ -65,8 +65,15 @@ class RemoteUpstream(Upstream):
         return self.remote.describe()
 
     def fetch_into(self, digest: Digest, dst: LocalObjects) -> int:
-        """Download ``digest`` (verified) and publish it into ``dst``, durably if the store is."""
-        return download_object(self.remote.objects, dst, digest, None)
+        """Download ``digest`` (verified) and publish it into ``dst``.
+
+        In a durable store the bytes are fsynced before the rename, but the
+        directory is not: a power loss may forget the name of a fetched object
+        (the next read fetches it again), never leave it naming torn bytes.
+        One directory fsync per object cost half the throughput of many
+        small read-throughs (benchmarks/bench_readthrough.py).
+        """
+        return download_object(self.remote.objects, dst, digest, None, sync_dir=False)
 
     def size(self, digest: Digest) -> int:
         """The object's size on the remote (one ``HeadObject``)."""

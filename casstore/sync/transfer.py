@@ -219,14 +219,16 @@ def _too_large(src: S3Objects, d: Digest, recorded: int, size: int) -> Integrity
 
 
 def download_object(src: S3Objects, dst: LocalObjects, d: Digest, size_hint: Optional[int],
-                    publisher: Optional[Publisher] = None) -> int:
+                    publisher: Optional[Publisher] = None, *, sync_dir: bool = True) -> int:
     """Download one object, verify it, then publish it (or hand it to ``publisher``); returns its size.
 
     The bytes are hashed before anything is written under ``objects/``: a
     corrupt object raises :class:`IntegrityError` and leaves nothing behind,
     and so does one larger than ``size_hint`` (the size its manifest records),
     which is never read past that size.  Without ``publisher`` the object is
-    published at once, durably if the store is.
+    published at once, durably if the store is (``sync_dir=False``: its data
+    is fsynced but not its directory entry, so a power loss may lose the name,
+    never leave it naming a torn file: what a cache of a remote needs).
     """
     threshold = src.connection.multipart_threshold
     if size_hint is None or size_hint < threshold:
@@ -238,7 +240,7 @@ def download_object(src: S3Objects, dst: LocalObjects, d: Digest, size_hint: Opt
                 publisher.add(staged, len(data))
             else:
                 try:
-                    dst.publish(staged.staging, d, staged.codec)
+                    dst.publish(staged.staging, d, staged.codec, sync_dir=sync_dir)
                 finally:
                     staged.staging.abort()  # no-op once published
             return len(data)
@@ -266,7 +268,7 @@ def download_object(src: S3Objects, dst: LocalObjects, d: Digest, size_hint: Opt
         if publisher is not None:
             publisher.add(StagedObject(st, d, RAW), size)
             return size
-        dst.publish(st, d, RAW)
+        dst.publish(st, d, RAW, sync_dir=sync_dir)
         return size
     except BaseException:
         st.abort()
