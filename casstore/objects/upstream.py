@@ -15,9 +15,9 @@ Hazards this is built around:
   must download it once.  A fetch takes the lock ``locks/fetch/<2 hex>.lock``
   of the object's fan-out (256 lock files at most: lock files are never
   deleted, so not one per object), re-checks presence under it, and only then
-  downloads; a waiter finds the object and takes it.  The holder beats a
-  heartbeat, so a large download is waited for however long it lasts, and a
-  dead holder releases the lock with its process.  Where locks lie (issue 17)
+  downloads; a waiter finds the object and takes it.  A dead holder releases
+  the lock with its process; a waiter that sees no end after ``FETCH_WAIT``
+  seconds (a stopped holder, a huge object) downloads the object itself.  Where locks lie (issue 17)
   the worst case is a second download: publishing is create-only and two
   publishers of one object both succeed with identical bytes.
 * **Hostile bytes**: the upstream's bytes are hashed before anything is
