@@ -13,6 +13,8 @@ The feature's modules:
               manifests only.
 ``readthrough`` a remote as a store's upstream (:class:`RemoteUpstream`): missing
               objects fetched, verified, on first read.
+``share``     :class:`S3Share`: a remote as fetch/derive use it to work once across
+              machines (look-up, bring home, publish, a lease per name).
 
 The S3 transport itself is in the layers below: :mod:`casstore.objects.s3`
 and :mod:`casstore.refs.s3`.
@@ -34,8 +36,9 @@ from .remotes import (
            resolve_remote,
            set_upstream,
 )
+from .share import S3Share, share
 from .transfer import TransferReport
 
 __all__ = ["Remote", "TransferReport", "push", "pull", "fetch_object", "merge_versions", "load_remotes",
            "add_remote", "remove_remote", "get_remote", "RemoteUpstream", "load_upstream", "set_upstream",
-           "resolve_remote"]
+           "resolve_remote", "S3Share", "share"]

@@ -45,7 +45,7 @@ from .transfer import Publisher, TransferReport, download_object, run_parallel
 if TYPE_CHECKING:
     from ..store import Store
 
-__all__ = ["pull", "fetch_object", "MAX_MANIFEST_BYTES"]
+__all__ = ["pull", "pull_closure", "fetch_object", "MAX_MANIFEST_BYTES"]
 
 MAX_MANIFEST_BYTES = 1 << 30
 """A manifest version larger than this is refused (a 100,000-entry manifest is about 10 MB)."""
@@ -242,6 +242,32 @@ def pull(store: Store, remote: Union[Remote, str], *names: str, merge: Union[boo
             f"`casstore remote upstream {rem.name or 'NAME'}`, or casstore.open(path, upstream=...))"
         )
     targets = _targets(rem, names)
+    n_objects, n_bytes, present = _bring_closures(store, rem, targets, lazy=lazy)
+    # 3. Local refs last.
+    fault("remote.before-refs")
+    refs: Dict[str, str] = {}
+    for kind, name, d in targets:
+        refs[f"{kind}/{name}"] = _update_local_ref(store, rem, kind, name, d, merge, lazy)
+    return TransferReport(rem.describe(), refs, n_objects, n_bytes, present, time.perf_counter() - t0)
+
+
+def pull_closure(store: Store, remote: Union[Remote, str], digest: Digest) -> TransferReport:
+    """Download version ``digest`` (with its history, as a head's pull does) and every object it names that
+    the store lacks, each verified before it is stored; **no local ref moves** (the caller decides).
+
+    For callers that hold the name's lock already (a derive or fetch bringing home a result made on
+    another machine): :func:`pull` would take that lock again.
+    """
+    t0 = time.perf_counter()
+    rem = resolve_remote(store, remote)
+    n_objects, n_bytes, present = _bring_closures(store, rem, [("heads", "", Digest.coerce(digest))], lazy=False)
+    return TransferReport(rem.describe(), {}, n_objects, n_bytes, present, time.perf_counter() - t0)
+
+
+def _bring_closures(store: Store, rem: Remote, targets: List[Tuple[str, str, Digest]], *,
+                    lazy: bool) -> Tuple[int, int, int]:
+    """Steps 1 and 2 of a pull: versions (validated before any is stored), then objects (verified;
+    none with ``lazy``).  Returns (objects transferred, bytes, objects already here)."""
     objects = store.objects
     # 1. Manifest versions (heads with their history, for merges): every one verified and decoded
     #    before any is stored, so a hostile manifest leaves nothing behind.
@@ -299,12 +325,7 @@ def pull(store: Store, remote: Union[Remote, str], *names: str, merge: Union[boo
     finally:
         publisher.discard()
         bar.close()
-    # 3. Local refs last.
-    fault("remote.before-refs")
-    refs: Dict[str, str] = {}
-    for kind, name, d in targets:
-        refs[f"{kind}/{name}"] = _update_local_ref(store, rem, kind, name, d, merge, lazy)
-    return TransferReport(rem.describe(), refs, n_objects, n_bytes, present, time.perf_counter() - t0)
+    return n_objects, n_bytes, present
 
 
 def _reads_through(store: Store, rem: Remote) -> bool:
