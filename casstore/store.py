@@ -55,6 +55,7 @@ from .sync import (
 from .sync import fetch_object as fetch_remote_object
 from .sync import pull as pull_names
 from .sync import push as push_names
+from .sync import share as remote_share
 
 if TYPE_CHECKING:
     import h5py
@@ -457,12 +458,19 @@ class Store:
     def derive(self, name: str, *, inputs: Mapping[str, DeriveInput], fn: DeriveFn,
                params: Optional[Mapping[str, object]] = None, version: object = None,
                regenerate: Optional[Scope] = None, timeout: Optional[float] = None,
-               compress: CompressArg = None) -> Manifest:
-        """Compute ``fn`` once per (name, inputs, params, version); see :func:`casstore.pipelines.derive`."""
+               compress: CompressArg = None, remote: Optional[Union[Remote, str]] = None) -> Manifest:
+        """Compute ``fn`` once per (name, inputs, params, version); see :func:`casstore.pipelines.derive`.
+
+        ``remote`` (a :class:`Remote` or a configured name such as ``"origin"``): once across
+        machines that share only that remote -- a result already there is pulled, else one
+        process computes under a lease on the remote and pushes, the others wait and pull
+        (docs/pipelines.md, "Across machines").
+        """
         from .pipelines import derive as derive_step  # lazy: http.client and ssl at import
 
         return derive_step(self, name, inputs=inputs, fn=fn, params=params, version=version,
-                      regenerate=regenerate, timeout=timeout, compress=compress)
+                           regenerate=regenerate, timeout=timeout, compress=compress,
+                           remote=None if remote is None else remote_share(self, remote))
 
     # -- numpy and HDF5 adapters (casstore.adapters) -------------------------------
 

@@ -94,6 +94,7 @@ from .common import (
     refuse_pinned,
     write_head,
 )
+from .remote import RemoteShare, adopt_version, run_once_remote
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -211,7 +212,7 @@ def _code_matches(rec: Mapping[str, object], code: Optional[Dict[str, str]]) -> 
 def derive(store: Store, name: str, *, inputs: Mapping[str, DeriveInput], fn: DeriveFn,
            params: Optional[Mapping[str, object]] = None, version: object = None,
            regenerate: Optional[Scope] = None, timeout: Optional[float] = None,
-           compress: CompressArg = None) -> Manifest:
+           compress: CompressArg = None, remote: Optional[RemoteShare] = None) -> Manifest:
     """Run ``fn(inputs, out)`` once for this (name, inputs, params, version); return its outputs.
 
     ``inputs`` maps names to object digests or Manifests (earlier results);
@@ -239,6 +240,14 @@ def derive(store: Store, name: str, *, inputs: Mapping[str, DeriveInput], fn: De
     ``fn`` instead.  ``fn`` runs holding the name's lock: it must not edit
     ``name`` itself.  A manifest input whose keys are not safe relative paths
     is a :class:`StoreFormatError` before anything is created.
+
+    ``remote`` (a :class:`~casstore.pipelines.remote.RemoteShare`; the facade
+    makes one from ``remote="origin"``): once across machines sharing only
+    that remote.  On a local miss, a usable result on the remote (its head
+    of ``name``, same key) is pulled, not computed; otherwise one process
+    takes the name's lease on the remote, runs ``fn``, pushes the result and
+    releases it, while the others wait and pull (docs/pipelines.md, "Across
+    machines").  The inputs must be in the local store.
     """
     from ..settings import current
 
@@ -271,7 +280,36 @@ def derive(store: Store, name: str, *, inputs: Mapping[str, DeriveInput], fn: De
                 return hit
             return _reuse(store, name, hit, head, lock_timeout)
         refuse_pinned(store, name, f"derive {name!r}")
-        return _run_derive(store, name, key, keyed, params, version, fn, code, compress, lock_timeout)
+        if remote is None:
+            return _run_derive(store, name, key, keyed, params, version, fn, code, compress, lock_timeout)
+
+        def ready() -> Optional[Manifest]:
+            return _remote_hit(store, remote, name, key, code, force=force, timeout=lock_timeout)
+
+        def work() -> Manifest:
+            return _run_derive(store, name, key, keyed, params, version, fn, code, compress, lock_timeout)
+
+        return run_once_remote(remote, name, what=f"derive {name!r} (key {key[:12]})", ready=ready, work=work,
+                               lock_timeout=lock_timeout)
+
+
+def _remote_hit(store: Store, share: RemoteShare, name: str, key: str, code: Optional[Dict[str, str]], *,
+                force: bool, timeout: Optional[float]) -> Optional[Manifest]:
+    """A usable result of this key on the remote, brought home and made the local head; ``None`` if none.
+
+    Only the remote version's metadata is judged (read size-bounded, hashed,
+    decoded); its objects are pulled only when it is the result wanted.
+    """
+    d = share.head(name)
+    if d is None:
+        return None
+    doc = share.read_version(d)
+    if not _record_usable(doc.meta, key, code, force=force, warn=False, name=name, digest=d):
+        return None
+    share.bring_home(d)
+    man = adopt_version(store, name, d, share, timeout=timeout)
+    log.info("derive %r: pulled the result %s from %s (made elsewhere; fn not run)", name, d, share.describe())
+    return man
 
 
 def _content_keys(store: Store, keyed: Mapping[str, InputKey]) -> Dict[str, InputKey]:
@@ -308,7 +346,15 @@ def _check_input_names(keyed: Mapping[str, InputKey]) -> None:
 
 def _usable(store: Store, man: Manifest, key: str, code: Optional[Dict[str, str]], *, force: bool,
             warn: bool) -> bool:
-    rec = man.meta.get("derive")
+    if not _record_usable(man.meta, key, code, force=force, warn=warn, name=man.name, digest=man.digest):
+        return False
+    return all(store.objects.has(e.digest) for e in man.values())
+
+
+def _record_usable(meta: Mapping[str, object], key: str, code: Optional[Dict[str, str]], *, force: bool,
+                   warn: bool, name: Optional[str], digest: Digest) -> bool:
+    """Does a version's derive record allow reuse (same key, fresh for the job if forced, same code)?"""
+    rec = meta.get("derive")
     if not isinstance(rec, (dict, Mapping)) or rec.get("key") != key:
         return False
     if force and not fresh_for_job(rec.get("recorded"), rec.get("by")):
@@ -317,9 +363,9 @@ def _usable(store: Store, man: Manifest, key: str, code: Optional[Dict[str, str]
         if warn:  # once per call: the search under the lock (the lock-free look first is silent)
             log.warning("derive %r: fn %s changed since the stored result %s was made (its code "
                         "fingerprint differs) but version= was not bumped; running it again -- bump version= "
-                        "when fn changes", man.name, rec.get("fn", "?"), man.digest)
+                        "when fn changes", name, rec.get("fn", "?"), digest)
         return False
-    return all(store.objects.has(e.digest) for e in man.values())
+    return True
 
 
 def _lookup(store: Store, name: str, key: str, code: Optional[Dict[str, str]], *, force: bool,
