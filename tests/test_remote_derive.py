@@ -86,7 +86,11 @@ def start(root: Path, counter: Path, go: Optional[Path], *, timeout: float = 30.
 
 
 def result(p: "subprocess.Popen[str]", timeout: float = 120) -> Dict[str, Any]:
-    so, se = p.communicate(timeout=timeout)
+    try:
+        so, se = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_all([p])
+        raise
     assert p.returncode == 0, se[-3000:]
     return dict(json.loads(so.strip().splitlines()[-1]))
 
