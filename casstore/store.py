@@ -441,19 +441,24 @@ class Store:
     def fetch(self, url: str, *, digest: Optional[DigestLike] = None, sha256: Optional[str] = None,
               md5: Optional[str] = None, force: Optional[Scope] = None, timeout: Optional[float] = None,
               retries: int = 5, progress: Optional[bool] = None, connect_timeout: float = 30.0,
-              max_bytes: Optional[int] = None, deadline: Optional[float] = None, refresh: bool = False) -> Digest:
+              max_bytes: Optional[int] = None, deadline: Optional[float] = None, refresh: bool = False,
+              remote: Optional[Union[Remote, str]] = None) -> Digest:
         """Download ``url`` once across processes; see :func:`casstore.pipelines.fetch`.
 
         ``max_bytes`` caps the download (default: the expected size when known, else
         the ``fetch_max_bytes`` setting); ``deadline`` bounds the whole transfer in seconds
         (``fetch_deadline``), besides the per-read ``connect_timeout``.  ``force`` (True, or
         URLs / fetch names) downloads again once per job; ``refresh`` revalidates with the server.
+        ``remote`` (a :class:`Remote` or a configured name): once across machines sharing it --
+        a download recorded there is pulled, else one process downloads and pushes it
+        (docs/pipelines.md, "Across machines").
         """
         from .pipelines import fetch as fetch_url  # lazy: http.client and ssl at import
 
         return fetch_url(self, url, digest=digest, sha256=sha256, md5=md5, force=force, timeout=timeout,
                          retries=retries, progress=progress, connect_timeout=connect_timeout,
-                         max_bytes=max_bytes, deadline=deadline, refresh=refresh)
+                         max_bytes=max_bytes, deadline=deadline, refresh=refresh,
+                         remote=None if remote is None else remote_share(self, remote))
 
     def derive(self, name: str, *, inputs: Mapping[str, DeriveInput], fn: DeriveFn,
                params: Optional[Mapping[str, object]] = None, version: object = None,

@@ -253,3 +253,54 @@ def test_local_hit_needs_no_remote(tmp_path: Path, remote: casstore.Remote, seaw
     again = result(start(root, counter, None))
     assert again["ok"] and again["version"] == first["version"]
     assert len(runs(counter)) == 1
+
+
+# -- fetch(url, remote=...) ------------------------------------------------------------------------
+
+FETCHER = r"""
+import json, os, sys, time
+import casstore
+root, url, go, sha = sys.argv[1:5]
+store = casstore.open(root)
+if go != "-":
+    t = time.monotonic()
+    while not os.path.exists(go):
+        if time.monotonic() - t > 60:
+            raise SystemExit("no go")
+        time.sleep(0.001)
+d = store.fetch(url, sha256=sha if sha != "-" else None, timeout=30, remote="origin")
+print(json.dumps({"digest": str(d), "bytes": len(store.get(d))}))
+"""
+
+
+def fetch_proc(root: Path, url: str, go: Optional[Path], sha: str = "-") -> "subprocess.Popen[str]":
+    return subprocess.Popen([sys.executable, "-c", FETCHER, str(root), url, str(go) if go else "-", sha],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_fetch_four_processes_on_two_machines_download_once(tmp_path: Path, remote: casstore.Remote,
+                                                            seaweed: Any) -> None:
+    import hashlib
+
+    from _fetch_helpers import b3, serve
+
+    data = os.urandom(3 << 20)
+    roots = [machine(tmp_path, i, remote, seaweed.endpoint) for i in range(2)]
+    go = tmp_path / "go"
+    with serve() as srv:
+        url = srv.add("/data.bin", data, delay=0.01)  # ~0.5 s: the others arrive while it downloads
+        procs = [fetch_proc(roots[i % 2], url, go, hashlib.sha256(data).hexdigest()) for i in range(4)]
+        try:
+            time.sleep(1.5)
+            go.touch()
+            res = [result(p) for p in procs]
+        finally:
+            kill_all(procs)
+        assert srv.count("/data.bin") == 1, srv.requests
+        assert {r["digest"] for r in res} == {b3(data)}
+        assert all(r["bytes"] == len(data) for r in res)
+        # A third machine later: pulled from the remote, the server is not asked (its route is gone).
+        del srv.routes["/data.bin"]
+        late = result(fetch_proc(machine(tmp_path, 2, remote, seaweed.endpoint), url, None))
+        assert late["digest"] == b3(data)
+        assert srv.count("/data.bin") == 1

@@ -62,6 +62,7 @@ from .common import (
     write_head,
 )
 from .http import Response, Source, get, open_file, parse_content_range, parse_source
+from .remote import RemoteShare, adopt_version, run_once_remote
 
 if TYPE_CHECKING:
 
@@ -109,7 +110,8 @@ def fetch(store: Store, url: str, *, digest: Optional[Union[Digest, str]] = None
           sha256: Optional[str] = None, md5: Optional[str] = None, force: Optional[Scope] = None,
           timeout: Optional[float] = None, retries: int = 5, progress: Optional[bool] = None,
           connect_timeout: float = 30.0, max_bytes: Optional[int] = None,
-          deadline: Optional[float] = None, refresh: bool = False) -> Digest:
+          deadline: Optional[float] = None, refresh: bool = False,
+          remote: Optional[RemoteShare] = None) -> Digest:
     """Download ``url`` into the store exactly once across processes; return its digest.
 
     ``digest`` (BLAKE3), ``sha256`` or ``md5`` are checked as the bytes arrive
@@ -150,6 +152,14 @@ def fetch(store: Store, url: str, *, digest: Optional[Union[Digest, str]] = None
     metadata holds the (redacted) URL, the time, who fetched it, the
     checksums computed and the server's validators, and it keeps the object
     from garbage collection.
+
+    ``remote`` (a :class:`~casstore.pipelines.remote.RemoteShare`; the facade
+    makes one from ``remote="origin"``): once across machines sharing only
+    that remote -- a download recorded there (same URL, matching checksums) is
+    pulled (verified) instead; otherwise one process downloads under the
+    record's lease on the remote and pushes the record, while the others wait
+    and pull it (docs/pipelines.md, "Across machines").  ``refresh=True``
+    revalidates this machine's copy with the server, as without a remote.
     """
 
     src = parse_source(url)
@@ -186,19 +196,60 @@ def fetch(store: Store, url: str, *, digest: Optional[Union[Digest, str]] = None
             conditional = _validators(rec)
             if src.scheme == "file" and _file_unchanged(src, rec):
                 return hit
-        end = time.monotonic() + min(limit_s, 1e9)  # finite: inf would overflow timer arithmetic
-        got = _download(store, src, want_digest, want, retries=retries, progress=progress,
-                        connect_timeout=min(connect, 1e9), max_bytes=max_bytes, end=end,
-                        conditional=conditional if src.scheme != "file" else {})
-        if got is None:  # 304 Not Modified
-            assert hit is not None
-            log.info("fetch %s: not modified since %s; keeping %s", src.shown, conditional, hit)
-            return hit
-        d, sums, size, validators = got
-        meta: Dict[str, object] = {"kind": "casstore.fetch", "url": src.shown, "fetched": time.time(),
-                                   "by": producer(), **sums, **validators}
-        write_head(store, name, {"content": Entry(d, size, {})}, meta, timeout=lock_timeout)
-        return d
+
+        def work() -> Digest:
+            end = time.monotonic() + min(limit_s, 1e9)  # finite: inf would overflow timer arithmetic
+            got = _download(store, src, want_digest, want, retries=retries, progress=progress,
+                            connect_timeout=min(connect, 1e9), max_bytes=max_bytes, end=end,
+                            conditional=conditional if src.scheme != "file" else {})
+            if got is None:  # 304 Not Modified
+                assert hit is not None
+                log.info("fetch %s: not modified since %s; keeping %s", src.shown, conditional, hit)
+                return hit
+            d, sums, size, validators = got
+            meta: Dict[str, object] = {"kind": "casstore.fetch", "url": src.shown, "fetched": time.time(),
+                                       "by": producer(), **sums, **validators}
+            write_head(store, name, {"content": Entry(d, size, {})}, meta, timeout=lock_timeout)
+            return d
+
+        if remote is None or hit is not None:  # a refresh revalidates this machine's copy with the server
+            return work()
+        share = remote
+
+        def ready() -> Optional[Digest]:
+            return _remote_fetch_hit(store, share, name, want_digest, want, forced=forced, timeout=lock_timeout)
+
+        return run_once_remote(share, name, what=f"download of {src.shown}", ready=ready, work=work,
+                               lock_timeout=lock_timeout)
+
+
+def _remote_fetch_hit(store: Store, share: RemoteShare, name: str, want_digest: Optional[Digest],
+                      want: Dict[str, str], *, forced: bool, timeout: Optional[float]) -> Optional[Digest]:
+    """A download of this URL recorded on the remote that fits what is asked, brought home; else ``None``.
+
+    The remote record is judged by its metadata (read size-bounded, hashed,
+    decoded) before any object is pulled; a checksum asked for that the remote
+    record lacks is then computed locally from the verified bytes, as for a
+    local record.
+    """
+    d = share.head(name)
+    if d is None:
+        return None
+    man = Manifest(d, share.read_version(d), name=name)
+    if "content" not in man or (want_digest is not None and man["content"].digest != want_digest):
+        return None
+    if forced and not fresh_for_job(man.meta.get("fetched"), man.meta.get("by")):
+        return None
+    if any(man.meta.get(algo) not in (None, v) for algo, v in want.items()):
+        return None
+    share.bring_home(d)
+    adopt_version(store, name, d, share, timeout=timeout)
+    hit = _fetch_hit(store, name, want_digest, want, forced=False)
+    if isinstance(hit, _Record):
+        hit = _add_checksums(store, name, hit, want, timeout)
+    if hit is not None:
+        log.info("fetch: pulled %s from %s (downloaded elsewhere; no download here)", hit, share.describe())
+    return hit
 
 
 @dataclass(frozen=True, slots=True)
