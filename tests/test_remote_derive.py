@@ -79,13 +79,13 @@ def machine(tmp: Path, i: int, remote: casstore.Remote, endpoint: str) -> Path:
 
 
 def start(root: Path, counter: Path, go: Optional[Path], *, timeout: float = 30.0, sleep: float = 0.0,
-          name: str = "ds/processed") -> "subprocess.Popen[str]":
+          name: str = "ds/processed") -> subprocess.Popen[str]:
     env = dict(os.environ, DERIVE_SLEEP=str(sleep), DERIVE_INPUT="raw dataset bytes ")
     return subprocess.Popen([sys.executable, "-c", WORKER, str(root), str(counter), str(go) if go else "-",
                              str(timeout), name], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def result(p: "subprocess.Popen[str]", timeout: float = 120) -> Dict[str, Any]:
+def result(p: subprocess.Popen[str], timeout: float = 120) -> Dict[str, Any]:
     try:
         so, se = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -99,7 +99,7 @@ def runs(counter: Path) -> List[str]:
     return counter.read_text().splitlines() if counter.exists() else []
 
 
-def kill_all(procs: List["subprocess.Popen[str]"]) -> None:
+def kill_all(procs: List[subprocess.Popen[str]]) -> None:
     for p in procs:
         if p.poll() is None:
             p.kill()
@@ -273,7 +273,7 @@ print(json.dumps({"digest": str(d), "bytes": len(store.get(d))}))
 """
 
 
-def fetch_proc(root: Path, url: str, go: Optional[Path], sha: str = "-") -> "subprocess.Popen[str]":
+def fetch_proc(root: Path, url: str, go: Optional[Path], sha: str = "-") -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-c", FETCHER, str(root), url, str(go) if go else "-", sha],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -116,7 +116,7 @@ def test_racing_takeovers_of_one_expired_lease_only_one_wins(tmp_path: Path, rem
     assert dead.try_acquire(1.0) is None  # and it never beats again
     go = tmp_path / "go"
     readies = [tmp_path / f"ready-{i}" for i in range(4)]
-    procs: List["subprocess.Popen[str]"] = [
+    procs: List[subprocess.Popen[str]] = [
         subprocess.Popen([sys.executable, "-c", RACER, remote.url, seaweed.endpoint, str(r), str(go)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in readies]
     try:
