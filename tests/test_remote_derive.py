@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import _seaweed
+import blake3
 import pytest
 
 import casstore
@@ -304,3 +305,85 @@ def test_fetch_four_processes_on_two_machines_download_once(tmp_path: Path, remo
         late = result(fetch_proc(machine(tmp_path, 2, remote, seaweed.endpoint), url, None))
         assert late["digest"] == b3(data)
         assert srv.count("/data.bin") == 1
+
+
+# -- in one process: the remote side's decisions ------------------------------------------------------
+
+
+def _builder(calls: List[str], tag: str, fail: bool = False) -> Any:
+    def build(inputs: Dict[str, Path], out: Path) -> None:
+        calls.append(tag)
+        if fail:
+            raise RuntimeError("fn failed")
+        (out / "processed.bin").write_bytes(inputs["raw.bin"].read_bytes()[::-1])
+
+    return build
+
+
+def test_local_history_of_its_own_keeps_it_and_records_the_pulled_result_on_top(
+        tmp_path: Path, remote: casstore.Remote, seaweed: Any) -> None:
+    a = casstore.open(machine(tmp_path, 0, remote, seaweed.endpoint))
+    b = casstore.open(machine(tmp_path, 1, remote, seaweed.endpoint))
+    calls: List[str] = []
+    made = a.derive("step", inputs={"raw.bin": a.put(INPUT)}, fn=_builder(calls, "a"), remote="origin")
+    # b made a result of other params earlier, without the remote: a local history of its own.
+    gb = b.put(INPUT)
+    own = b.derive("step", inputs={"raw.bin": gb}, fn=_builder(calls, "b-local"), params={"other": 1})
+    got = b.derive("step", inputs={"raw.bin": gb}, fn=_builder(calls, "b"), remote="origin")
+    assert calls == ["a", "b-local"]  # pulled, not computed
+    assert dict(got) == dict(made)  # the same files
+    assert got.parent == own.digest  # on top of b's own history, which is kept
+    pulled = got.meta["remote.pulled"]
+    assert isinstance(pulled, dict) and pulled["from"] == str(made.digest)
+    # Asked again: a local hit, no remote needed.
+    assert b.derive("step", inputs={"raw.bin": gb}, fn=_builder(calls, "b"), remote="origin").digest == got.digest
+    assert calls == ["a", "b-local"]
+
+
+def test_fn_that_raises_releases_the_lease_and_records_nothing(tmp_path: Path, remote: casstore.Remote,
+                                                               seaweed: Any) -> None:
+    a = casstore.open(machine(tmp_path, 0, remote, seaweed.endpoint))
+    b = casstore.open(machine(tmp_path, 1, remote, seaweed.endpoint))
+    calls: List[str] = []
+    with pytest.raises(RuntimeError, match="fn failed"):
+        a.derive("step", inputs={"raw.bin": a.put(INPUT)}, fn=_builder(calls, "a", fail=True), remote="origin")
+    assert remote.connection.head(lease_key(remote.prefix, "step")) is None  # released, not left to expire
+    assert remote.refs.read("heads", "step") is None
+    t0 = time.monotonic()
+    got = b.derive("step", inputs={"raw.bin": b.put(INPUT)}, fn=_builder(calls, "b"), remote="origin", timeout=30)
+    assert time.monotonic() - t0 < 5  # no waiting for a lease to expire
+    assert calls == ["a", "b"] and got["processed.bin"].size == len(INPUT)
+    assert remote.refs.get("heads", "step") == got.digest
+
+
+def test_changed_params_compute_again_and_move_the_remote_head(tmp_path: Path, remote: casstore.Remote,
+                                                               seaweed: Any) -> None:
+    a = casstore.open(machine(tmp_path, 0, remote, seaweed.endpoint))
+    b = casstore.open(machine(tmp_path, 1, remote, seaweed.endpoint))
+    calls: List[str] = []
+    first = a.derive("step", inputs={"raw.bin": a.put(INPUT)}, fn=_builder(calls, "a1"), remote="origin")
+    pulled = b.derive("step", inputs={"raw.bin": b.put(INPUT)}, fn=_builder(calls, "b1"), remote="origin")
+    assert pulled.digest == first.digest
+    second = b.derive("step", inputs={"raw.bin": b.put(INPUT)}, fn=_builder(calls, "b2"), params={"v": 2},
+                      remote="origin")
+    assert calls == ["a1", "b2"]
+    assert second.parent == first.digest  # a fast-forward of the remote head: history kept there too
+    assert remote.refs.get("heads", "step") == second.digest
+    again = a.derive("step", inputs={"raw.bin": a.put(INPUT)}, fn=_builder(calls, "a2"), params={"v": 2},
+                     remote="origin")
+    assert again.digest == second.digest and calls == ["a1", "b2"]
+
+
+def test_damaged_remote_head_is_a_typed_error(tmp_path: Path, remote: casstore.Remote, seaweed: Any) -> None:
+    a = casstore.open(machine(tmp_path, 0, remote, seaweed.endpoint))
+    remote.connection.put(f"{remote.prefix}refs/heads/step", b"not a digest at all\n")
+    with pytest.raises(casstore.StoreFormatError):
+        a.derive("step", inputs={"raw.bin": a.put(INPUT)}, fn=_builder([], "a"), remote="origin", timeout=5)
+    # A head naming a version that is no manifest: refused by the decoder, nothing computed or pulled.
+    d = casstore.Digest.parse("blake3:" + blake3.blake3(b"junk").hexdigest())
+    remote.objects.write(d, b"junk")
+    remote.connection.put(f"{remote.prefix}refs/heads/step", f"{d}\n".encode())
+    calls: List[str] = []
+    with pytest.raises(casstore.StoreFormatError):
+        a.derive("step", inputs={"raw.bin": a.put(INPUT)}, fn=_builder(calls, "a"), remote="origin", timeout=5)
+    assert calls == []

@@ -153,10 +153,14 @@ class LeaseView:
     @property
     def expired(self) -> bool:
         """No rewrite for the record's ttl (capped at :data:`MAX_TTL`), or not a readable record."""
+        if not self.etag:
+            return False  # nothing seen: a lease that came and went while we looked
         return self.record is None or self.unchanged >= self.record.ttl
 
     def describe(self) -> str:
         """Who holds it, for messages."""
+        if not self.etag:
+            return "a lease taken and released while this process looked"
         if self.record is None:
             return "an unreadable lease object (not written by casstore)"
         return self.record.describe()
@@ -245,6 +249,8 @@ class S3Lease:
             view = self.observe()  # another waiter won the takeover (or the holder beat): its lease now
             if view is not None:
                 return view
+        # Bounded: a lease that keeps coming and going (or a server that refuses creates of a missing
+        # key) must not spin here; the caller waits and asks again.
         return self.observe() or LeaseView(None, "", 0.0)
 
     def _new_record(self, ttl: float) -> LeaseRecord:
