@@ -304,6 +304,12 @@ def test_fetch_four_processes_on_two_machines_download_once(tmp_path: Path, remo
         del srv.routes["/data.bin"]
         late = result(fetch_proc(machine(tmp_path, 2, remote, seaweed.endpoint), url, None))
         assert late["digest"] == b3(data)
+        # ... and from the command line on a fourth.
+        cli = subprocess.run([sys.executable, "-m", "casstore", "--store", str(machine(tmp_path, 3, remote,
+                              seaweed.endpoint)), "fetch", url, "--remote", "origin", "--json"],
+                             capture_output=True, text=True, timeout=120)
+        assert cli.returncode == 0, cli.stderr
+        assert json.loads(cli.stdout)["digest"] == b3(data)
         assert srv.count("/data.bin") == 1
 
 

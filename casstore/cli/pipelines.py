@@ -14,7 +14,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     """``casstore fetch URL``: print the digest of the downloaded (or already stored) bytes."""
     store = open_from_args(args)
     d = store.fetch(args.url, digest=args.digest, sha256=args.sha256, md5=args.md5, force=args.force or None,
-                    refresh=args.refresh)
+                    refresh=args.refresh, remote=args.remote)
     print(json.dumps({"digest": str(d)}) if args.json else d)  # not the URL: it may carry a token
     return 0
 
@@ -30,3 +30,6 @@ def register(add: Add) -> None:
     sp.add_argument("--force", action="store_true", help="download again even if stored")
     sp.add_argument("--refresh", action="store_true",
                     help="revalidate a stored download with the server (ETag / Last-Modified; 304 keeps it)")
+    sp.add_argument("--remote", metavar="NAME",
+                    help="download once across machines sharing this remote: pull it from there if it was "
+                         "downloaded already, else download and push it (docs/pipelines.md, 'Across machines')")

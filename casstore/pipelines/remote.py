@@ -194,8 +194,9 @@ def run_once_remote(share: RemoteShare, name: str, *, what: str, ready: Callable
                     return got
                 result = work()
                 if lease.lost:
-                    log.warning("%s: %s finished after its lease was taken over; publishing anyway "
-                                "(the first result published stays the remote head)", share.describe(), what)
+                    log.warning("%s: %s finished after its lease was taken over (this process was presumed "
+                                "dead); publishing anyway -- the result published last is the remote head, both "
+                                "were made from the same inputs", share.describe(), what)
                 share.publish(name)
                 return result
             finally:
