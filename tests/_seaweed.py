@@ -388,11 +388,15 @@ def remote_url(seaweed: SeaweedServer) -> str:
 
 @_fixture
 def remote(seaweed: SeaweedServer, remote_url: str) -> Any:
-    """A casstore.Remote on a fresh prefix; multipart from 8 MiB so tests exercise it cheaply."""
+    """A casstore.Remote on a fresh prefix; multipart from 8 MiB so tests exercise it cheaply.
+
+    Whole objects only (``chunking=None``): these tests pin down the whole-object layout and
+    transfers, which remotes written before issue 16 use; tests/test_chunks.py covers chunked ones.
+    """
     import casstore
 
     return casstore.Remote(remote_url, endpoint_url=seaweed.endpoint, multipart_threshold=8 << 20,
-                           multipart_chunksize=5 << 20, progress=False)
+                           multipart_chunksize=5 << 20, progress=False, chunking=None)
 
 
 # -- inspection helpers --------------------------------------------------------------

@@ -62,8 +62,17 @@ from typing import (
 from .._layout import OBJECTS, object_key, parse_object_key
 from ..codecs import RAW
 from ..digest import Digest, hash_bytes, new_hasher
-from ..errors import BackendError, CasstoreError, IntegrityError, InvalidInputError, ObjectNotFoundError
+from ..errors import (
+    BackendError,
+    CasstoreError,
+    IntegrityError,
+    InvalidDigestError,
+    InvalidInputError,
+    ObjectNotFoundError,
+    StoreFormatError,
+)
 from .base import Buffer, ObjectInfo, ObjectStore
+from .chunking import DEFAULT_CHUNKING, MAX_RECIPE_BYTES, Chunking, ChunkRef, Recipe, decode_recipe
 
 if TYPE_CHECKING:
     import boto3.session
@@ -647,14 +656,34 @@ class _VerifyingReader(io.RawIOBase):
                 super().close()
 
 
+def _parse_fan_key(base: str, key: str) -> Optional[Digest]:
+    """``<base>ab/cdef...`` -> the digest (``None`` for any other key)."""
+    if not key.startswith(base):
+        return None
+    rest = key[len(base):]
+    if len(rest) != 65 or rest[2] != "/":
+        return None
+    try:
+        return Digest(rest[:2] + rest[3:])
+    except (InvalidDigestError, ValueError):
+        return None
+
+
+CHUNKS = "chunks"
+RECIPES = "recipes"
+
+
 class S3Objects(ObjectStore):
     """The objects of a remote: raw bytes under ``<prefix>objects/<2 hex>/<62 hex>`` (see the module docstring)."""
 
-    def __init__(self, connection: S3Connection, prefix: str) -> None:
+    def __init__(self, connection: S3Connection, prefix: str, *,
+                 chunking: Optional[Chunking] = DEFAULT_CHUNKING) -> None:
         self.connection = connection
         """The bucket and client (shared with the remote's refs)."""
         self.prefix = prefix
         """Key prefix (``""`` or ending in ``/``)."""
+        self.chunking = chunking
+        """How large objects are stored as content-defined chunks (``None``: always whole; issue 16)."""
 
     # Capabilities: the protocol's defaults hold (no local paths; a PUT is visible
     # whole or not at all; keys can be deleted by whoever holds the permission).
@@ -686,14 +715,19 @@ class S3Objects(ObjectStore):
     # -- primitives --
 
     def has(self, digest: Digest) -> bool:
-        """Is the object there?  (One ``HeadObject``; use :meth:`present` for many.)"""
-        return self.connection.head(self.key(digest)) is not None
+        """Is the object there, whole or as a recipe?  (``HeadObject``s; use :meth:`present` for many.)"""
+        if self.connection.head(self.key(digest)) is not None:
+            return True
+        return self.chunking is not None and self.connection.head(self.recipe_key(digest)) is not None
 
     def stat(self, digest: Digest) -> ObjectInfo:
         """Size of a remote object (always stored raw); :class:`ObjectNotFoundError` if absent."""
         got = self.connection.head(self.key(digest))
         if got is None:
-            raise self.missing_error(digest)
+            recipe = self.read_recipe(digest)
+            if recipe is None:
+                raise self.missing_error(digest)
+            return ObjectInfo(digest, recipe.size, recipe.size, "chunked")
         return ObjectInfo(digest, got[0], got[0], RAW.name)
 
     def open(self, digest: Digest, *, verify: bool = True) -> BinaryIO:
@@ -730,11 +764,83 @@ class S3Objects(ObjectStore):
         return got.data
 
     def read_range(self, digest: Digest, start: int, length: int) -> bytes:
-        """Up to ``length`` bytes of the object from ``start`` (unverified: the caller hashes them)."""
+        """Up to ``length`` bytes of the object from ``start`` (unverified: the caller hashes them).
+
+        Of a chunked object, the chunks covering the range are fetched whole and each is verified.
+        """
         got = self.connection.get_range(self.key(digest), start, length, action="reading a range of object")
-        if got is None:
+        if got is not None:
+            return got
+        recipe = self.read_recipe(digest)
+        if recipe is None:
             raise self.missing_error(digest)
-        return got
+        end = min(start + length, recipe.size)
+        out = bytearray()
+        for c in recipe.chunks:
+            if c.offset + c.length <= start or c.offset >= end:
+                continue
+            data = self.read_chunk(c)
+            out += data[max(0, start - c.offset):end - c.offset]
+        return bytes(out)
+
+    # -- chunked objects (issue 16; casstore/objects/chunking.py) --
+
+    def chunk_key(self, chunk: Digest) -> str:
+        """``<prefix>chunks/ab/cdef...``: where a chunk lives."""
+        return f"{self.prefix}{CHUNKS}/{chunk.hex[:2]}/{chunk.hex[2:]}"
+
+    def recipe_key(self, digest: Digest) -> str:
+        """``<prefix>recipes/ab/cdef...``: where the recipe of a chunked object lives."""
+        return f"{self.prefix}{RECIPES}/{digest.hex[:2]}/{digest.hex[2:]}"
+
+    def read_recipe(self, digest: Digest) -> Optional[Recipe]:
+        """The recipe of ``digest`` if it is stored chunked (checked: :func:`decode_recipe`), else ``None``."""
+        if self.chunking is None:
+            return None
+        key = self.recipe_key(digest)
+        got = self.connection.get(key, limit=MAX_RECIPE_BYTES, action="reading recipe")
+        if got is None:
+            return None
+        if got.data is None:
+            raise StoreFormatError(f"{self.connection.s3_url(key)}: the recipe of object {digest} is larger than "
+                                   f"{MAX_RECIPE_BYTES} bytes; refused, nothing was stored")
+        return decode_recipe(got.data, digest, self.connection.s3_url(key))
+
+    def read_chunk(self, c: ChunkRef) -> bytes:
+        """One chunk's bytes, verified against its name (:class:`IntegrityError`: nothing to keep)."""
+        key = self.chunk_key(c.digest)
+        got = self.connection.get(key, limit=c.length, action="downloading chunk")
+        if got is None:
+            raise ObjectNotFoundError(f"{self.connection.where} has no chunk {c.digest} (key "
+                                      f"{self.connection.s3_url(key)}); push the object again")
+        if got.data is None or len(got.data) != c.length or hash_bytes(got.data) != c.digest:
+            raise IntegrityError(f"{self.connection.where}: chunk {self.connection.s3_url(key)} is corrupt (not "
+                                 f"the {c.length} bytes named {c.digest}); nothing was stored. Delete it and push "
+                                 "the object again from a good copy")
+        return got.data
+
+    def upload_chunked(self, recipe: Recipe, buf: memoryview, *, executor: Optional[Executor] = None) -> int:
+        """Upload the chunks of ``recipe`` (the bytes of ``buf``) the remote lacks, then the recipe.
+
+        Create-only throughout; the recipe goes last, so a recipe never names a
+        missing chunk.  Returns the chunk bytes uploaded.
+        """
+        have = self.listed(CHUNKS, {c.digest for c in recipe.chunks}, executor=executor)
+        todo: Dict[Digest, ChunkRef] = {}
+        for c in recipe.chunks:
+            if c.digest not in have:
+                todo.setdefault(c.digest, c)
+
+        def send(c: ChunkRef) -> int:
+            self.connection.put(self.chunk_key(c.digest), bytes(buf[c.offset:c.offset + c.length]),
+                                create_only=True, action="uploading chunk")
+            return c.length
+
+        items = list(todo.values())
+        sent = sum(executor.map(send, items)) if executor is not None and len(items) > 1 else sum(map(send, items))
+        self.connection.put(self.recipe_key(recipe.digest), recipe.encode(), create_only=True,
+                            action="uploading recipe")
+        return sent
 
     def write(self, digest: Digest, data: Buffer) -> bool:
         """Upload an object create-only; ``False`` if it was there already (412: same content).
@@ -766,11 +872,11 @@ class S3Objects(ObjectStore):
             raise self.missing_error(digest)
 
     def delete(self, digest: Digest) -> bool:
-        """Remove the object; ``False`` if it was not there."""
-        key = self.key(digest)
-        if self.connection.head(key) is None:
-            return False
-        return self.connection.delete(key)
+        """Remove the object (whole, or its recipe: its chunks are left to remote gc); ``False`` if absent."""
+        for key in (self.key(digest), self.recipe_key(digest)):
+            if self.connection.head(key) is not None:
+                return self.connection.delete(key)
+        return False
 
     def iter_info(self) -> Iterator[ObjectInfo]:
         """Every object on the remote, in digest order, from the listing (keys that are not objects skipped)."""
@@ -789,7 +895,17 @@ class S3Objects(ObjectStore):
         return self.present(digests)
 
     def present(self, digests: Iterable[Digest], *, executor: Optional[Executor] = None) -> Set[Digest]:
-        """Which of ``digests`` the remote has, by listing (never one request per object).
+        """Which of ``digests`` the remote has, whole or as a recipe of chunks, by listing (never one
+        request per object).  See :meth:`listed`."""
+        want = set(digests)
+        found = self.listed(OBJECTS, want, executor=executor)
+        rest = want - found
+        if rest and self.chunking is not None:
+            found |= self.listed(RECIPES, rest, executor=executor)
+        return found
+
+    def listed(self, kind: str, digests: Iterable[Digest], *, executor: Optional[Executor] = None) -> Set[Digest]:
+        """Which of ``digests`` have a key under ``<prefix><kind>/`` (``objects``, ``chunks``, ``recipes``).
 
         One ``ListObjectsV2`` page over all of ``objects/`` first: on a small
         remote that is the whole answer.  Otherwise the fan-out prefixes that
@@ -803,16 +919,20 @@ class S3Objects(ObjectStore):
         if not want:
             return set()
         conn = self.connection
-        base = f"{self.prefix}{OBJECTS}/"
+        base = f"{self.prefix}{kind}/"
+
+        def parse(key: str) -> Optional[Digest]:
+            return _parse_fan_key(base, key)
+
         found: Set[Digest] = set()
         first_fan = min(want)
         page, truncated = conn.list_page(base, start_after=f"{base}{first_fan}/{min(want[first_fan])[:-1]}")
         last = ""
         for key, _ in page:
             last = key
-            listed = parse_object_key(self.prefix, key)
-            if listed is not None:
-                found.add(listed)
+            got_d = parse(key)
+            if got_d is not None:
+                found.add(got_d)
         top_fan = max(want)
         if truncated and last < f"{base}{top_fan}/{max(want[top_fan])}":
             last_fan = last[len(base):len(base) + 2]
@@ -825,7 +945,7 @@ class S3Objects(ObjectStore):
                     start = max(start, last)
                 got: Set[Digest] = set()
                 for key, _ in conn.list(f"{base}{fan}/", start_after=start, stop_after=f"{base}{fan}/{hi}"):
-                    d = parse_object_key(self.prefix, key)
+                    d = parse(key)
                     if d is not None:
                         got.add(d)
                 return got

@@ -153,10 +153,10 @@ def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = Fa
         bar = Progress(sum(sizes.values()), desc=f"push {rem.name or rem.url}", unit="B", enabled=rem.progress)
         try:
             # 4. Objects first (parallel, create-only) ...
-            def sent(d: Digest, _: None) -> None:
+            def sent(d: Digest, n: int) -> None:
                 nonlocal n_objects, n_bytes
                 n_objects += 1
-                n_bytes += sizes[d]
+                n_bytes += n  # bytes sent: a chunked object sends only the chunks the remote lacks
                 bar.update(sizes[d])
                 fault("remote.object-uploaded")
 
@@ -169,10 +169,9 @@ def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = Fa
                     if v in remote_has or v in done_versions:
                         continue
                     size = objects.stat(v).size
-                    upload_object(objects, rem.objects, v, size)
+                    n_bytes += upload_object(objects, rem.objects, v, size)
                     done_versions.add(v)
                     n_objects += 1
-                    n_bytes += size
                     bar.update(size)
                     fault("remote.object-uploaded")
         finally:

@@ -28,6 +28,7 @@ from .._fs import write_file_atomic
 from .._layout import LOCKS, TMP
 from .._lock import FileLock
 from ..errors import InvalidInputError, InvalidTypeError, ObjectNotFoundError, StoreFormatError
+from ..objects.chunking import DEFAULT_CHUNKING, Chunking
 from ..objects.s3 import DEFAULT_WORKERS, MiB, S3Connection, S3Objects
 from ..refs.s3 import S3Refs
 
@@ -74,7 +75,11 @@ class Remote:
     ``multipart_chunksize`` parts.  ``max_attempts``, ``connect_timeout`` and
     ``read_timeout`` bound how long an unreachable server can hold a call
     (botocore's standard retry mode with back-off).  ``progress``: show
-    progress bars (``None``: only when stderr is a terminal).
+    progress bars (``None``: only when stderr is a terminal).  ``chunking``:
+    objects at least ``chunking.min_object`` bytes (4 MiB) are pushed as
+    content-defined chunks plus a recipe, so a changed file moves only what
+    changed (:class:`casstore.objects.chunking.Chunking`; ``None``: whole
+    objects only, as before issue 16).
 
     ``remote.objects`` and ``remote.refs`` are its object and refs layers.
     """
@@ -83,7 +88,8 @@ class Remote:
                  profile: Optional[str] = None, name: Optional[str] = None, workers: int = DEFAULT_WORKERS,
                  multipart_threshold: int = 64 * MiB, multipart_chunksize: int = 16 * MiB,
                  max_attempts: int = 3, connect_timeout: float = 5.0, read_timeout: float = 60.0,
-                 progress: Optional[bool] = None, session: Optional[boto3.session.Session] = None) -> None:
+                 progress: Optional[bool] = None, session: Optional[boto3.session.Session] = None,
+                 chunking: Optional[Chunking] = DEFAULT_CHUNKING) -> None:
         self.url = url
         """``s3://bucket/prefix`` as given."""
         self.bucket, self.prefix = parse_url(url)
@@ -101,7 +107,7 @@ class Remote:
             multipart_chunksize=multipart_chunksize, max_attempts=max_attempts, connect_timeout=connect_timeout,
             read_timeout=read_timeout, session=session)
         """The bucket and client, shared by :attr:`objects` and :attr:`refs`."""
-        self.objects = S3Objects(self.connection, self.prefix)
+        self.objects = S3Objects(self.connection, self.prefix, chunking=chunking)
         """The remote's objects."""
         self.refs = S3Refs(self.connection, self.prefix)
         """The remote's heads and pins."""

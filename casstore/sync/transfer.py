@@ -26,16 +26,18 @@ Hazards:
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, field
-from typing import BinaryIO, Callable, Dict, List, Mapping, Optional, Sequence, TypeVar
+from typing import BinaryIO, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
-from .._fs import Beside, run_beside
+from .._fs import Beside, pwrite_all, run_beside
 from ..codecs import RAW
-from ..digest import Digest, hash_fd
-from ..errors import IntegrityError
+from ..digest import Digest, hash_bytes, hash_fd
+from ..errors import CasstoreError, IntegrityError, ObjectNotFoundError
+from ..objects.chunking import ChunkIndex, ChunkRef, Recipe
 from ..objects.local import LocalObjects, StagedObject
 from ..objects.reader import open_object_file
 from ..objects.s3 import MiB, S3Objects
@@ -115,26 +117,67 @@ def _corrupt_local(src: LocalObjects, d: Digest, got: Optional[Digest] = None) -
     )
 
 
-def upload_object(src: LocalObjects, dst: S3Objects, d: Digest, size: int) -> None:
-    """Upload one local object, verified, as raw bytes (create-only: an object already there is success)."""
+def upload_object(src: LocalObjects, dst: S3Objects, d: Digest, size: int) -> int:
+    """Upload one local object, verified, as raw bytes (create-only: an object already there is success).
+
+    An object the remote stores chunked (``dst.chunking``) sends only the
+    chunks the remote lacks, then its recipe.  Returns the bytes sent.
+    """
+    if dst.chunking is not None and dst.chunking.chunks_of(size):
+        return _upload_chunked(src, dst, d)
     if size < dst.connection.multipart_threshold:
         data = src.read(d, verify=False)  # S3Objects.write hashes it: one hash, before anything is sent
         try:
             dst.write(d, data)
         except IntegrityError:
             raise _corrupt_local(src, d) from None
-        return
+        return size
     loc = src.locate(d)
     if not loc.codec.byte_exact:
         with _NoSeek(src.open(d)) as f:  # the reader verifies at EOF, before the last part goes up
             dst.upload(d, f)
-        return
+        return size
     fd, st = open_object_file(loc.path, d)
     with open(fd, "rb") as f:
         got = hash_fd(fd, st.st_size)
         if got != d:
             raise _corrupt_local(src, d, got)
         dst.upload(d, f)
+    return size
+
+
+def _upload_chunked(src: LocalObjects, dst: S3Objects, d: Digest) -> int:
+    """Cut a local object into content-defined chunks (verified whole first), upload what the remote lacks."""
+    assert dst.chunking is not None
+    loc = src.locate(d)
+    staged = None
+    if loc.codec.byte_exact:
+        fd, st = open_object_file(loc.path, d)
+    else:  # a zstd object: chunks are of the raw bytes, so decode it (verified at EOF) into a staging file
+        staged = src.stage("chunk")
+        with src.open(d) as f:
+            while block := f.read(1 << 20):
+                staged.write(block)
+        fd, st = staged.fd, os.fstat(staged.fd)
+    try:
+        with mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ) as mm:
+            mv = memoryview(mm)
+            try:
+                got = hash_bytes(mv)
+                if got != d:
+                    raise _corrupt_local(src, d, got)
+                recipe = dst.chunking.recipe(d, mv)
+                with ThreadPoolExecutor(min(8, dst.connection.workers), thread_name_prefix="casstore-chunks") as ex:
+                    sent = dst.upload_chunked(recipe, mv, executor=ex)
+            finally:
+                mv.release()
+    finally:
+        if staged is not None:
+            staged.abort()
+        else:
+            os.close(fd)
+    ChunkIndex(src.root).add(recipe)  # this store holds these chunks: a later pull of a relative reuses them
+    return sent
 
 
 # -- pull: remote -> local ----------------------------------------------------------------------
@@ -220,7 +263,83 @@ def _too_large(src: S3Objects, d: Digest, recorded: int, size: int) -> Integrity
 
 def download_object(src: S3Objects, dst: LocalObjects, d: Digest, size_hint: Optional[int],
                     publisher: Optional[Publisher] = None, *, sync_dir: bool = True) -> int:
-    """Download one object, verify it, then publish it (or hand it to ``publisher``); returns its size.
+    """Download one object, verify it, then publish it (or hand it to ``publisher``); returns the bytes
+    downloaded (its size; for a chunked object, the chunks fetched).
+
+    An object the remote stores as chunks (issue 16) is reassembled: chunks this
+    store already holds (the local chunk index) are read locally, the rest are
+    downloaded, each verified by its name, and the whole by its digest.
+    """
+    try:
+        return _download_whole(src, dst, d, size_hint, publisher, sync_dir)
+    except ObjectNotFoundError:
+        recipe = src.read_recipe(d)
+        if recipe is None:
+            raise
+    return _download_chunked(src, dst, recipe, size_hint, publisher, sync_dir)
+
+
+def _local_chunk(dst: LocalObjects, where: Optional[Tuple[Digest, int, int]], c: ChunkRef) -> Optional[bytes]:
+    """The chunk's bytes from a local raw object the chunk index names, if they still hash to its name."""
+    if where is None or where[2] != c.length or not dst.has(where[0]):  # has(): never fetches
+        return None
+    try:
+        loc = dst.locate(where[0])
+        if not loc.codec.byte_exact:
+            return None
+        fd, _ = open_object_file(loc.path, where[0])
+        try:
+            data = os.pread(fd, c.length, where[1])
+        finally:
+            os.close(fd)
+    except (CasstoreError, OSError):
+        return None  # gone or damaged meanwhile: download it instead
+    return data if len(data) == c.length and hash_bytes(data) == c.digest else None
+
+
+def _download_chunked(src: S3Objects, dst: LocalObjects, recipe: Recipe, size_hint: Optional[int],
+                      publisher: Optional[Publisher], sync_dir: bool) -> int:
+    d = recipe.digest
+    if size_hint is not None and recipe.size > size_hint:
+        raise _too_large(src, d, size_hint, recipe.size)
+    index = ChunkIndex(dst.root)
+    seen = index.find({c.digest for c in recipe.chunks})
+    st = dst.stage("pull")
+    try:
+        need: Dict[Digest, List[ChunkRef]] = {}
+        for c in recipe.chunks:
+            data = _local_chunk(dst, seen.get(c.digest), c)
+            if data is None:
+                need.setdefault(c.digest, []).append(c)
+            else:
+                pwrite_all(st.fd, data, c.offset)
+        firsts = [cs[0] for cs in need.values()]
+        fetched = sum(c.length for c in firsts)
+        with ThreadPoolExecutor(min(8, src.connection.workers), thread_name_prefix="casstore-chunks") as ex:
+            for c, data in zip(firsts, ex.map(src.read_chunk, firsts), strict=True):  # each verified
+                for same in need[c.digest]:
+                    pwrite_all(st.fd, data, same.offset)
+        os.ftruncate(st.fd, recipe.size)  # a recipe of zero chunks is the empty object
+        got = hash_fd(st.fd, recipe.size)
+        if got != d:
+            raise src.corrupt_error(d, got, recipe.size)
+        if dst.level_for(None) is not None:
+            dst.put_path(st.path)  # compressed as the store's default says (re-hashed, durable)
+            st.abort()
+        elif publisher is not None:
+            publisher.add(StagedObject(st, d, RAW), recipe.size)
+        else:
+            dst.publish(st, d, RAW, sync_dir=sync_dir)
+    except BaseException:
+        st.abort()
+        raise
+    index.add(recipe)  # its chunks are now here: a later pull of a relative reuses them
+    return fetched
+
+
+def _download_whole(src: S3Objects, dst: LocalObjects, d: Digest, size_hint: Optional[int],
+                    publisher: Optional[Publisher], sync_dir: bool) -> int:
+    """Download one whole (unchunked) object (see :func:`download_object`).
 
     The bytes are hashed before anything is written under ``objects/``: a
     corrupt object raises :class:`IntegrityError` and leaves nothing behind,
