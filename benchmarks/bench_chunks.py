@@ -135,32 +135,27 @@ def _case(label: str, tmp: Path, make_v1: Callable[[Path], None], make_v2: Calla
     return rows
 
 
-def bench_hdf5_rewrite(quick: bool) -> List[Row]:
-    """1 GiB HDF5, 1% of rows rewritten in place."""
+def _hdf5(quick: bool, what: str, edit: Callable[[Path], None]) -> List[Row]:
     rows_n = (256 if quick else 1024) * MiB // (256 * 4)
-    with bench_dir("chunks-h5-rewrite") as tmp:
-        log(f"HDF5 {rows_n * 1024 // MiB} MiB, 1% rows rewritten")
+    label = f"HDF5 {rows_n * 1024 // MiB} MiB, 1% of rows {what}"
+    with bench_dir(f"chunks-h5-{what}") as tmp:
+        log(label)
 
         def v2(a: Path, b: Path) -> None:
             shutil.copyfile(a, b)
-            _rewrite_rows(b, 0.01, 1)
+            edit(b)
 
-        return _case(f"HDF5 {rows_n * 1024 // MiB} MiB, 1% of rows rewritten", tmp, lambda p: _h5(p, rows_n), v2,
-                     0.05, 2 if quick else 3)
+        return _case(label, tmp, lambda p: _h5(p, rows_n), v2, 0.05, 2 if quick else 3)
+
+
+def bench_hdf5_rewrite(quick: bool) -> List[Row]:
+    """1 GiB HDF5, 1% of rows rewritten in place."""
+    return _hdf5(quick, "rewritten", lambda p: _rewrite_rows(p, 0.01, 1))
 
 
 def bench_hdf5_append(quick: bool) -> List[Row]:
     """1 GiB HDF5, 1% of rows appended."""
-    rows_n = (256 if quick else 1024) * MiB // (256 * 4)
-    with bench_dir("chunks-h5-append") as tmp:
-        log(f"HDF5 {rows_n * 1024 // MiB} MiB, 1% rows appended")
-
-        def v2(a: Path, b: Path) -> None:
-            shutil.copyfile(a, b)
-            _append_rows(b, 0.01, 2)
-
-        return _case(f"HDF5 {rows_n * 1024 // MiB} MiB, 1% of rows appended", tmp, lambda p: _h5(p, rows_n), v2,
-                     0.05, 2 if quick else 3)
+    return _hdf5(quick, "appended", lambda p: _append_rows(p, 0.01, 2))
 
 
 def bench_checkpoint(quick: bool) -> List[Row]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import io
 import os
 import queue
 import re
@@ -34,6 +35,7 @@ from types import TracebackType
 from typing import Any, Callable, Generic, List, Optional, Protocol, Tuple, Type, TypeVar
 
 __all__ = [
+    "seek_target",
     "Staging",
     "fsync_dir",
     "write_file_atomic",
@@ -706,3 +708,18 @@ def sweep_stale(tmpdir: Path, *, max_age: float = STALE_AGE, now: Optional[float
         except FileNotFoundError:  # raced with another sweeper
             continue
     return removed
+
+
+def seek_target(offset: int, whence: int, pos: int, size: int) -> int:
+    """Where ``seek(offset, whence)`` lands from ``pos`` in a stream of ``size`` bytes (ValueError if invalid)."""
+    if whence == io.SEEK_SET:
+        target = offset
+    elif whence == io.SEEK_CUR:
+        target = pos + offset
+    elif whence == io.SEEK_END:
+        target = size + offset
+    else:
+        raise ValueError(f"invalid whence {whence!r}")
+    if target < 0:
+        raise ValueError(f"negative seek position {target}")
+    return target

@@ -59,6 +59,7 @@ except ImportError as e:  # pragma: no cover - exercised by tests/test_fsspec.py
         "casstore:// needs fsspec, which is not installed: pip install 'casstore[fsspec]'"
     ) from e
 
+from ._fs import seek_target
 from ._paths import key_problem
 from .digest import Digest
 from .errors import InvalidInputError, InvalidTypeError, ManifestNotFoundError, ReadOnlyError
@@ -146,16 +147,7 @@ class _DecodedReader(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            target = offset
-        elif whence == io.SEEK_CUR:
-            target = self._pos + offset
-        elif whence == io.SEEK_END:
-            target = self._size + offset
-        else:
-            raise ValueError(f"invalid whence {whence!r}")
-        if target < 0:
-            raise ValueError(f"negative seek position {target}")
+        target = seek_target(offset, whence, self._pos, self._size)
         if target < self._pos:
             self._f.close()
             self._f = self._reopen()

@@ -156,6 +156,18 @@ class Store:
             raise InvalidTypeError(f"upstream must be a remote name, an s3:// URL, a Remote, False or None, "
                                    f"not {type(upstream).__name__}")
 
+    def _lazy_pull_if_remote_name(self, target: DigestLike) -> None:
+        up = self.objects.upstream
+        if not isinstance(up, RemoteUpstream) or not isinstance(target, str) or target.startswith("blake3:"):
+            return
+        name = target.split("~", 1)[0].split("@", 1)[0]
+        if not name or self.refs.get("pins", name) is not None or self.refs.get("heads", name) is not None:
+            return
+        rem = up.remote
+        if rem.refs.read("pins", name) is None and rem.refs.read("heads", name) is None:
+            return  # not there either: checkout reports the name as unknown
+        pull_names(self, rem, name, lazy=True)
+
     @property
     def upstream(self) -> Optional[str]:
         """The remote missing objects are fetched from on first read (its name or URL), or ``None``."""
@@ -407,7 +419,11 @@ class Store:
         to objects hashed now or, unchanged since, by casstore within the last hour; ``rehash=True``
         hashes every one.  ``progress``: a bar on stderr (``None``: on a terminal).  See
         docs/manifests.md, "Checkout: sync and link modes", and docs/folders.md.
+
+        With an upstream (read-through), a name that is not here but is a pin or head on the
+        upstream is pulled lazily first (refs and manifests); the files' objects are then fetched.
         """
+        self._lazy_pull_if_remote_name(target)
         return checkout_version(self, target, outdir, overwrite=overwrite, sync=sync, link=link, force=force,
                                 progress=progress, rehash=rehash)
 

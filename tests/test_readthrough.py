@@ -408,3 +408,17 @@ def test_pandas_reads_a_lazily_pulled_file_through_casstore_urls(tmp_path: Path,
     df = pd.read_csv("casstore://exp/metrics.csv", storage_options={"store": str(b.root)})
     assert list(df["loss"]) == [0.5, 0.25]
     assert b.objects.has(d)
+
+
+def test_checkout_of_a_remote_name_pulls_it_lazily(tmp_path: Path, remote: casstore.Remote) -> None:
+    a, ds = _published(remote, tmp_path, n=3)
+    b = _reader(tmp_path, remote)
+    assert b.heads() == {}
+    b.checkout("exp", tmp_path / "out")  # not a local name: refs and manifests come first, then the objects
+    assert {p.name for p in (tmp_path / "out").iterdir()} == set(ds)
+    assert "exp" in b.heads() and all(b.objects.has(d) for d in ds.values())
+    with pytest.raises(casstore.errors.CasstoreError):
+        b.checkout("nowhere", tmp_path / "out2")
+    c = casstore.open(tmp_path / "c", upstream=False)
+    with pytest.raises(casstore.errors.CasstoreError):
+        c.checkout("exp", tmp_path / "out3")  # without an upstream a remote name is not looked up

@@ -39,7 +39,7 @@ import io
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Iterable, Optional, Set, Union
 
-from .._fs import Staging
+from .._fs import Staging, seek_target
 from ..codecs import RAW
 from ..digest import Digest, new_hasher
 from ..errors import IntegrityError, ObjectNotFoundError
@@ -141,13 +141,7 @@ class RangedReader(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}.get(whence)
-        if base is None:
-            raise ValueError(f"invalid whence {whence}")
-        pos = base + offset
-        if pos < 0:
-            raise ValueError(f"negative seek position {pos}")
-        self._pos = pos
+        pos = self._pos = seek_target(offset, whence, self._pos, self._size)
         if pos != self._seen and self._verifying and not self._done:
             # Not where the hash has got to: the bytes handed out from here on are unverified.
             self._verifying = False
