@@ -683,7 +683,8 @@ class S3Objects(ObjectStore):
         self.prefix = prefix
         """Key prefix (``""`` or ending in ``/``)."""
         self.chunking = chunking
-        """How large objects are stored as content-defined chunks (``None``: always whole; issue 16)."""
+        """How large objects are pushed as content-defined chunks (``None``: always whole; issue 16).
+        Chunked objects are read whatever this says."""
 
     # Capabilities: the protocol's defaults hold (no local paths; a PUT is visible
     # whole or not at all; keys can be deleted by whoever holds the permission).
@@ -718,7 +719,7 @@ class S3Objects(ObjectStore):
         """Is the object there, whole or as a recipe?  (``HeadObject``s; use :meth:`present` for many.)"""
         if self.connection.head(self.key(digest)) is not None:
             return True
-        return self.chunking is not None and self.connection.head(self.recipe_key(digest)) is not None
+        return self.connection.head(self.recipe_key(digest)) is not None
 
     def stat(self, digest: Digest) -> ObjectInfo:
         """Size of a remote object (always stored raw); :class:`ObjectNotFoundError` if absent."""
@@ -795,8 +796,6 @@ class S3Objects(ObjectStore):
 
     def read_recipe(self, digest: Digest) -> Optional[Recipe]:
         """The recipe of ``digest`` if it is stored chunked (checked: :func:`decode_recipe`), else ``None``."""
-        if self.chunking is None:
-            return None
         key = self.recipe_key(digest)
         got = self.connection.get(key, limit=MAX_RECIPE_BYTES, action="reading recipe")
         if got is None:
@@ -900,7 +899,7 @@ class S3Objects(ObjectStore):
         want = set(digests)
         found = self.listed(OBJECTS, want, executor=executor)
         rest = want - found
-        if rest and self.chunking is not None:
+        if rest:  # reading chunked objects needs no chunker: every client finds and reads them
             found |= self.listed(RECIPES, rest, executor=executor)
         return found
 
