@@ -422,3 +422,23 @@ def test_checkout_of_a_remote_name_pulls_it_lazily(tmp_path: Path, remote: casst
     c = casstore.open(tmp_path / "c", upstream=False)
     with pytest.raises(casstore.errors.CasstoreError):
         c.checkout("exp", tmp_path / "out3")  # without an upstream a remote name is not looked up
+
+
+def test_a_damaged_local_copy_heals_from_the_upstream_on_a_verified_read(tmp_path: Path,
+                                                                          remote: casstore.Remote) -> None:
+    a, ds = _published(remote, tmp_path, n=2)
+    b = _reader(tmp_path, remote)
+    d = ds["f0.bin"]
+    good = b.get(d)
+    p = b.path(d)
+    os.chmod(p, 0o644)
+    p.write_bytes(b"\0" * 10)  # what a power loss can leave of a copy that was never fsynced
+    assert b.get(d) == good == a.get(d)  # set aside, fetched again, verified
+    assert [x.name.split(".")[0] for x in (b.root / "bad").iterdir()] == [d.hex[2:]]
+    assert b.verify().ok
+    c = casstore.open(tmp_path / "b", upstream=False)  # without an upstream: the damage is an error, as always
+    p = c.path(d)
+    os.chmod(p, 0o644)
+    p.write_bytes(b"\0" * 10)
+    with pytest.raises(IntegrityError):
+        c.get(d)

@@ -24,6 +24,7 @@ import contextlib
 import errno
 import functools
 import io
+import logging
 import os
 import re
 import stat as stat_mod
@@ -64,7 +65,7 @@ from .._fs import (
     syncfs,
 )
 from .._fsprobe import mount_of, overlay_upper, syncfs_trusted
-from .._layout import LOCKS, OBJECTS, is_fanout, object_path
+from .._layout import BAD, LOCKS, OBJECTS, is_fanout, object_path
 from .._lock import FileLock
 from ..codecs import CODECS, RAW, ZSTD, Codec, CompressArg, file_sample_pays, normalize_compress, sample_pays
 from ..digest import Digest, HashBeside, hash_bytes, hash_fd, new_hasher, parse_prefix
@@ -299,6 +300,8 @@ class HashRecord:
         except OSError:  # a read-only store still checks out; it just hashes again next time
             pass
 
+
+log = logging.getLogger("casstore.objects")
 
 FETCH_WORKERS = 8
 """Parallel downloads of :meth:`LocalObjects.fetch_many` (network I/O: more than the CPU count)."""
@@ -1023,7 +1026,38 @@ class LocalObjects(ObjectStore):
         For large raw objects this thread reads into the result in windows
         while a helper thread hashes each window already read, so verification
         costs little and covers exactly the bytes returned.
+
+        With an :attr:`upstream`, a local copy that fails verification (a
+        fetched copy torn by a power loss, bit rot) is moved to ``bad/`` with a
+        warning and fetched again, once.
         """
+        try:
+            return self._read(digest, verify)
+        except IntegrityError as e:
+            if self.upstream is None or not verify:
+                raise
+            self._set_aside(digest, e)
+        self.fetch(digest)
+        return self._read(digest, verify)
+
+    def _set_aside(self, d: Digest, why: IntegrityError) -> None:
+        """Move a damaged local copy of ``d`` to ``bad/`` (never deleted: evidence), so it can be fetched again."""
+        loc = self._find(d)
+        if loc is None:
+            return
+        dest = self.root / BAD / f"{os.path.basename(loc.path)}.{time.time_ns()}"
+        makedirs(dest.parent)
+        try:
+            os.rename(loc.path, dest)
+        except FileNotFoundError:
+            return  # another reader moved it first
+        except OSError as e:
+            raise ReadOnlyError(f"object {d} is damaged ({why}) and cannot be set aside to fetch a good copy: "
+                                f"{e.strerror}") from None
+        log.warning("object %s in %s was damaged (%s); moved to %s, fetching it again from %s",
+                    d, self.root, why, dest, self.upstream.describe() if self.upstream is not None else "?")
+
+    def _read(self, digest: Digest, verify: bool) -> bytes:
         loc = self.locate(digest)
         fd, st = open_object_file(loc.path, digest)
         with open(fd, "rb", buffering=0) as f:

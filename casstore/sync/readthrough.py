@@ -65,15 +65,16 @@ class RemoteUpstream(Upstream):
         return self.remote.describe()
 
     def fetch_into(self, digest: Digest, dst: LocalObjects) -> int:
-        """Download ``digest`` (verified) and publish it into ``dst``.
+        """Download ``digest`` (verified) and publish it into ``dst``, without fsync.
 
-        In a durable store the bytes are fsynced before the rename, but the
-        directory is not: a power loss may forget the name of a fetched object
-        (the next read fetches it again), never leave it naming torn bytes.
-        One directory fsync per object cost half the throughput of many
-        small read-throughs (benchmarks/bench_readthrough.py).
+        A fetched copy is a cache of the remote: a power loss may lose it (the
+        next read fetches it again) or leave it torn, which the next verified
+        read finds and heals (``LocalObjects.read`` sets it aside and fetches
+        again; ``verify`` reports it and the upstream's copy as not lost).  An
+        fsync per object cost half the throughput of many small read-throughs
+        from 4 processes (benchmarks/bench_readthrough.py).
         """
-        return download_object(self.remote.objects, dst, digest, None, sync_dir=False)
+        return download_object(self.remote.objects, dst, digest, None, durable=False)
 
     def size(self, digest: Digest) -> int:
         """The object's size on the remote (one ``HeadObject``)."""

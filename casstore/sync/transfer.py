@@ -262,7 +262,7 @@ def _too_large(src: S3Objects, d: Digest, recorded: int, size: int) -> Integrity
 
 
 def download_object(src: S3Objects, dst: LocalObjects, d: Digest, size_hint: Optional[int],
-                    publisher: Optional[Publisher] = None, *, sync_dir: bool = True) -> int:
+                    publisher: Optional[Publisher] = None, *, durable: Optional[bool] = None) -> int:
     """Download one object, verify it, then publish it (or hand it to ``publisher``); returns the bytes
     downloaded (its size; for a chunked object, the chunks fetched).
 
@@ -271,12 +271,12 @@ def download_object(src: S3Objects, dst: LocalObjects, d: Digest, size_hint: Opt
     downloaded, each verified by its name, and the whole by its digest.
     """
     try:
-        return _download_whole(src, dst, d, size_hint, publisher, sync_dir)
+        return _download_whole(src, dst, d, size_hint, publisher, durable)
     except ObjectNotFoundError:
         recipe = src.read_recipe(d)
         if recipe is None:
             raise
-    return _download_chunked(src, dst, recipe, size_hint, publisher, sync_dir)
+    return _download_chunked(src, dst, recipe, size_hint, publisher, durable)
 
 
 def _local_chunk(dst: LocalObjects, where: Optional[Tuple[Digest, int, int]], c: ChunkRef) -> Optional[bytes]:
@@ -298,7 +298,7 @@ def _local_chunk(dst: LocalObjects, where: Optional[Tuple[Digest, int, int]], c:
 
 
 def _download_chunked(src: S3Objects, dst: LocalObjects, recipe: Recipe, size_hint: Optional[int],
-                      publisher: Optional[Publisher], sync_dir: bool) -> int:
+                      publisher: Optional[Publisher], durable: Optional[bool]) -> int:
     d = recipe.digest
     if size_hint is not None and recipe.size > size_hint:
         raise _too_large(src, d, size_hint, recipe.size)
@@ -329,7 +329,7 @@ def _download_chunked(src: S3Objects, dst: LocalObjects, recipe: Recipe, size_hi
         elif publisher is not None:
             publisher.add(StagedObject(st, d, RAW), recipe.size)
         else:
-            dst.publish(st, d, RAW, sync_dir=sync_dir)
+            dst.publish(st, d, RAW, durable=durable)
     except BaseException:
         st.abort()
         raise
@@ -338,16 +338,15 @@ def _download_chunked(src: S3Objects, dst: LocalObjects, recipe: Recipe, size_hi
 
 
 def _download_whole(src: S3Objects, dst: LocalObjects, d: Digest, size_hint: Optional[int],
-                    publisher: Optional[Publisher], sync_dir: bool) -> int:
+                    publisher: Optional[Publisher], durable: Optional[bool]) -> int:
     """Download one whole (unchunked) object (see :func:`download_object`).
 
     The bytes are hashed before anything is written under ``objects/``: a
     corrupt object raises :class:`IntegrityError` and leaves nothing behind,
     and so does one larger than ``size_hint`` (the size its manifest records),
     which is never read past that size.  Without ``publisher`` the object is
-    published at once, durably if the store is (``sync_dir=False``: its data
-    is fsynced but not its directory entry, so a power loss may lose the name,
-    never leave it naming a torn file: what a cache of a remote needs).
+    published at once, durably if the store is (``durable=False``: no fsync,
+    for copies that can be fetched again: read-through).
     """
     threshold = src.connection.multipart_threshold
     if size_hint is None or size_hint < threshold:
@@ -359,7 +358,7 @@ def _download_whole(src: S3Objects, dst: LocalObjects, d: Digest, size_hint: Opt
                 publisher.add(staged, len(data))
             else:
                 try:
-                    dst.publish(staged.staging, d, staged.codec, sync_dir=sync_dir)
+                    dst.publish(staged.staging, d, staged.codec, durable=durable)
                 finally:
                     staged.staging.abort()  # no-op once published
             return len(data)
@@ -387,7 +386,7 @@ def _download_whole(src: S3Objects, dst: LocalObjects, d: Digest, size_hint: Opt
         if publisher is not None:
             publisher.add(StagedObject(st, d, RAW), size)
             return size
-        dst.publish(st, d, RAW, sync_dir=sync_dir)
+        dst.publish(st, d, RAW, durable=durable)
         return size
     except BaseException:
         st.abort()
