@@ -471,13 +471,12 @@ class LeaseStrategy(LockStrategy):
     @staticmethod
     def _create(lock: FileLock, lease: Path) -> Optional[int]:
         """The new lease's descriptor, -1 if one exists, None for a shared lock that cannot write here."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
         try:
             try:
-                fd = LeaseStrategy._publish(lock, lease, flags)
+                fd = LeaseStrategy._publish(lock, lease)
             except FileNotFoundError:
                 makedirs(lease.parent)
-                fd = LeaseStrategy._publish(lock, lease, flags)
+                fd = LeaseStrategy._publish(lock, lease)
         except FileExistsError:
             return -1
         except OSError as e:
@@ -492,26 +491,10 @@ class LeaseStrategy(LockStrategy):
         return fd
 
     @staticmethod
-    def _publish(lock: FileLock, lease: Path, flags: int) -> int:
-        """Create the lease with its record already in it: write a private file, then ``link()`` it to the
-        lease name (atomic, EEXIST if taken, like ``O_EXCL``), so no lease is ever seen without a record
-        and a creator killed mid-way costs its waiters nothing.  Where hard links are missing: ``O_EXCL``."""
-        tmp = lease.with_name(f"{lease.name}.new.{os.getpid()}.{secrets.token_hex(4)}")
-        fd = os.open(tmp, flags, lock.mode)
-        try:
-            os.pwrite(fd, _record(lock.what, 1.0, False), 0)
-            os.link(tmp, lease)
-        except FileExistsError:
-            os.close(fd)
-            raise
-        except OSError as e:
-            os.close(fd)
-            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS, errno.EXDEV):
-                raise
-            return os.open(lease, flags, lock.mode)
-        finally:
-            _unlink(tmp)
-        return fd
+    def _publish(lock: FileLock, lease: Path) -> int:
+        """Create the lease with its record already in it (:func:`_publish_record`), so no lease is ever
+        seen without a record and a creator killed mid-way costs its waiters nothing."""
+        return _publish_record(lease, _record(lock.what, 1.0, False), lock.mode)
 
     def _hold(self, lock: FileLock, fd: int) -> None:
         """Write our record into the lease open as ``fd`` and start beating if asked."""
