@@ -230,7 +230,7 @@ def test_data_object_named_as_manifest_is_kept_but_not_followed(store: casstore.
 
 
 def test_huge_object_named_as_manifest_is_not_read(store: casstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    from casstore.maintenance import graph
+    from casstore.manifests import graph
 
     monkeypatch.setattr(graph, "MAX_INPUT_VERSION_BYTES", 1000)
     big = store.put(b"x" * 5000)

@@ -3,10 +3,10 @@
 Layer 4 (docs/design.md): built on the object layer (``store.objects``: the
 one scanner, the codecs' recorded sizes and bounded decoders, the one
 hasher), the refs layer (``store.refs``) and THE manifest decoder
-(:mod:`casstore.manifests.model`).  Modules, one room each:
+(:mod:`casstore.manifests.model`), and the reference graph (what heads and
+pins keep alive: :mod:`casstore.manifests.graph`, shared with remote gc).  Modules, one room each:
 
 ``durations``  ``"1h30m"``/``"10G"`` parsing shared by every pass
-``graph``      manifest versions reachable from heads and pins; what they keep alive
 ``files``      moving entries out of ``objects/`` without ever following a link
 ``gc``         plans (:class:`GCPlan`), execution, size limits (:func:`limit`)
 ``usage``      :func:`usage`: bytes, compression, dedupe, per head and pin

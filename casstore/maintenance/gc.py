@@ -6,7 +6,7 @@ files would go, how many bytes that frees, and why every other object stays.
 ``plan.execute()`` deletes.  ``store.limit(max_bytes=...)`` is the same
 machinery ordered least-recently-used first and stopped once the store fits.
 
-What GC keeps (the *roots* and their closure, :mod:`casstore.maintenance.graph`):
+What GC keeps (the *roots* and their closure, :mod:`casstore.manifests.graph`):
 
 * every pin's version, and every entry of it;
 * every head's current version and its last ``keep_history`` versions
@@ -70,7 +70,7 @@ from ..errors import IntegrityError, StoreFormatError
 from ..objects.local import ObjFile
 from .durations import Duration, Size, parse_duration, parse_size
 from .files import ObjectDirs
-from .graph import Live, compute_live, entry_refs
+from ..manifests.graph import Live, compute_live, entry_refs
 
 if TYPE_CHECKING:
     from ..store import Store

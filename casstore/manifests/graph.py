@@ -1,5 +1,10 @@
 """The reference graph: manifest versions reachable from heads and pins, and what they keep alive.
 
+In the manifests layer because two features judge reachability with it: local
+maintenance (gc, usage, verify over ``store.objects``/``store.refs``) and remote
+gc (:mod:`casstore.sync.remote_gc`, over a remote's ``objects``/``refs``); it
+needs only the ObjectStore and RefStore protocols.
+
 Every manifest version is read through the object layer (verified) and decoded
 by THE manifest decoder (:func:`casstore.manifests.model.load_manifest`), so
 gc, usage and verify judge exactly the entries every other reader sees.  The
@@ -34,10 +39,10 @@ from ..errors import (
     ObjectNotFoundError,
     StoreFormatError,
 )
-from ..manifests.model import ManifestDoc, load_manifest, read_parent, walk_tree
-from ..manifests.provenance import read_provenance
 from ..objects.base import ObjectStore
 from ..refs.base import RefStore
+from .model import ManifestDoc, load_manifest, read_parent, walk_tree
+from .provenance import read_provenance
 
 __all__ = ["Graph", "Live", "compute_live", "entry_refs", "version_refs", "MAX_INPUT_VERSION_BYTES"]
 
