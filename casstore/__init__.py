@@ -43,7 +43,7 @@ from .objects.s3 import S3Objects
 from .refs import LocalRefs, Ref, RefStore
 from .refs.s3 import S3Refs
 from .store import Store, open_store, remote_cache_dir
-from .sync import Remote, TransferReport
+from .sync import Remote, RemoteGCPlan, RemoteGCResult, RemoteNameUsage, RemoteUsage, TransferReport
 
 open = open_store  # noqa: A001 - ``casstore.open(path)`` is the documented entry point
 
@@ -77,6 +77,10 @@ __all__ = [
     "FileChangedError",
     "Remote",
     "TransferReport",
+    "RemoteGCPlan",
+    "RemoteGCResult",
+    "RemoteUsage",
+    "RemoteNameUsage",
     "GCPlan",
     "GCResult",
     "LimitResult",

@@ -13,7 +13,21 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Union
+from typing import (
+    IO,
+    TYPE_CHECKING,
+    Any,
+    BinaryIO,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Union,
+    overload,
+)
 
 from . import codecs
 from ._fs import fsync_dir, sweep_stale, write_file_atomic
@@ -24,7 +38,18 @@ from .config import StoreConfig
 from .digest import Digest
 from .errors import InvalidInputError, InvalidTypeError, ReadOnlyError, StoreFormatError
 from .folders import AddResult, FolderStatus, add_folder, folder_status
-from .maintenance import GCPlan, LimitResult, NameRow, Usage, VerifyReport, name_rows, plan_gc, plan_limit, select_rows
+from .maintenance import (
+    GCPlan,
+    LimitResult,
+    NameRow,
+    Usage,
+    VerifyReport,
+    name_rows,
+    parse_duration,
+    plan_gc,
+    plan_limit,
+    select_rows,
+)
 from .maintenance import limit as limit_store
 from .maintenance import usage as store_usage
 from .maintenance import verify as verify_store
@@ -42,12 +67,16 @@ from .objects.base import Buffer
 from .refs import LocalRefs
 from .sync import (
     Remote,
+    RemoteGCPlan,
     RemoteUpstream,
+    RemoteUsage,
     TransferReport,
     add_remote,
     get_remote,
     load_remotes,
     load_upstream,
+    plan_remote_gc,
+    remote_usage,
     remove_remote,
     resolve_remote,
     set_upstream,
@@ -585,15 +614,31 @@ class Store:
 
     # -- maintenance: gc, verify, usage, size limits (casstore.maintenance) -------
 
-    def plan_gc(self, keep_history: int = 5, grace: Duration = "1h") -> GCPlan:
+    @overload
+    def plan_gc(self, keep_history: int = 5, grace: Duration = "1h", *, remote: None = None) -> GCPlan: ...
+
+    @overload
+    def plan_gc(self, keep_history: int = 5, grace: Duration = "1h", *,
+                remote: Union[Remote, str]) -> RemoteGCPlan: ...
+
+    def plan_gc(self, keep_history: int = 5, grace: Duration = "1h", *,
+                remote: Optional[Union[Remote, str]] = None) -> Union[GCPlan, RemoteGCPlan]:
         """Plan a garbage collection; nothing is deleted until ``plan.execute()``.
 
         Keeps every pin, each head's current version and its last
         ``keep_history`` versions (and everything they reference), and every
         object written or re-put within ``grace`` (seconds, timedelta or
         ``"90s"``/``"10m"``/``"1h"``).  Reads no data object.  See docs/maintenance.md.
+
+        ``remote`` (a :class:`Remote`, a configured name or an ``s3://`` URL):
+        plan a gc of that remote instead -- its pins and heads are the roots,
+        ages are the server's ``LastModified``, and ``execute()`` waits for
+        pushes in progress (a :class:`RemoteGCPlan`; docs/remotes.md, "Remote gc").
         """
-        return plan_gc(self, keep_history=keep_history, grace=grace)
+        if remote is None:
+            return plan_gc(self, keep_history=keep_history, grace=grace)
+        return plan_remote_gc(resolve_remote(self, remote), keep_history=keep_history,
+                              grace=parse_duration(grace))
 
     def plan_limit(self, max_bytes: Union[int, str], *, keep_history: int = 5, grace: Duration = "1h") -> GCPlan:
         """Plan evicting least-recently-used unreferenced objects until the objects fit ``max_bytes``."""
@@ -619,6 +664,14 @@ class Store:
         live name) is computed; see docs/maintenance.md, "Usage".
         """
         return store_usage(self, shares=shares)
+
+    def remote_usage(self, remote: Union[Remote, str]) -> RemoteUsage:
+        """What a remote stores against what its pins and heads reference (``casstore du --remote``).
+
+        Reads every remote ref and current version and lists the objects once;
+        reads no data object.  See docs/remotes.md, "Remote gc".
+        """
+        return remote_usage(resolve_remote(self, remote))
 
     def limit(self, max_bytes: Union[int, str], *, keep_history: int = 5, grace: Duration = "1h",
               dry_run: bool = False) -> LimitResult:

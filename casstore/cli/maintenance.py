@@ -1,6 +1,7 @@
 """Maintenance commands: ``gc``, ``verify``, ``du``, ``stats``.
 
-``casstore gc`` only plans (a dry run) unless ``--yes`` is given.  Long work
+``casstore gc`` only plans (a dry run) unless ``--yes`` is given; ``--remote NAME``
+collects on a remote instead (``du --remote NAME`` reports its usage).  Long work
 shows a progress bar on a terminal and stays quiet when piped; ``--json``
 prints one JSON document for scripts.
 """
@@ -11,13 +12,49 @@ import argparse
 import json
 
 from .._progress import human_bytes
+from ..errors import InvalidInputError
 from .common import Add, count_arg, open_from_args, seconds_arg
 
 __all__ = ["register"]
 
 
+def cmd_gc_remote(args: argparse.Namespace) -> int:
+    """``casstore gc --remote NAME``: plan (and with --yes execute) a gc of a remote."""
+    store = open_from_args(args, create=False)
+    if args.max_size is not None:
+        raise InvalidInputError("--max-size applies to the local store only; drop it or drop --remote")
+    plan = store.plan_gc(keep_history=args.keep_history, grace=args.grace, remote=args.remote)
+    asked = [plan.resolve(w) for w in args.why]
+    result = plan.execute(timeout=args.timeout) if args.yes and plan.files else None
+    if args.json:
+        doc = plan.to_dict(objects=args.verbose)
+        doc["dry_run"] = not args.yes
+        if asked:
+            doc["why"] = {str(d): plan.why(d) for d in asked}
+        if result is not None:
+            doc["result"] = result.to_dict()
+        print(json.dumps(doc, indent=2))
+    else:
+        print(plan.summary())
+        if args.verbose:
+            for d in plan.objects:
+                print(f"  delete {d}  {plan.why(d)}")
+        for d in asked:
+            print(f"{d}  {plan.why(d)}")
+        if result is not None:
+            print(f"deleted {len(result.deleted)} objects, freed {human_bytes(result.freed_bytes)} "
+                  f"in {result.seconds:.1f}s" + (f"; {len(result.skipped)} kept after all (referenced again)"
+                                                 if result.skipped else "")
+                  + (f"; {len(result.failed)} deletes failed (run again)" if result.failed else ""))
+        elif not args.yes and plan.files:
+            print(f"dry run: nothing deleted; run `casstore gc --remote {args.remote} --yes` (same options) to delete")
+    return 1 if result is not None and result.failed else 0
+
+
 def cmd_gc(args: argparse.Namespace) -> int:
     """Plan (and with --yes execute) a garbage collection, or a size limit with --max-size."""
+    if args.remote:
+        return cmd_gc_remote(args)
     store = open_from_args(args, create=False)
     if args.max_size is not None:
         plan = store.plan_limit(args.max_size, keep_history=args.keep_history, grace=args.grace)
@@ -60,8 +97,34 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_du_remote(args: argparse.Namespace) -> int:
+    """``casstore du --remote NAME``: bytes the remote's live names reference vs bytes stored there."""
+    store = open_from_args(args, create=False)
+    if args.names or args.shared:
+        raise InvalidInputError("du --remote lists every remote pin and head; NAME and --shared are local-only")
+    u = store.remote_usage(args.remote)
+    rows = [n for n in u.by_name if args.by is None or n.kind == args.by]
+    if args.json:
+        doc = u.to_dict()
+        doc["names"] = [n.to_dict() for n in rows]
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"{'kind':4}  {'entries':>8}  {'logical':>10}  {'stored':>10}  name")
+    for n in rows:
+        miss = f"  ({n.missing} missing on the remote)" if n.missing else ""
+        print(f"{n.kind:4}  {n.entries:>8}  {human_bytes(n.logical_bytes):>10}  {human_bytes(n.stored_bytes):>10}  "
+              f"{n.name}{miss}")
+    print(f"{u.remote}: {u.objects} objects, {human_bytes(u.stored_bytes)} stored; live names reference "
+          f"{human_bytes(u.live_logical_bytes)} as files, {human_bytes(u.live_stored_bytes)} stored "
+          f"({u.dedupe_ratio:.2f}x dedupe); {human_bytes(u.other_bytes)} is history or unreferenced "
+          f"(see `casstore gc --remote {args.remote}`)")
+    return 0
+
+
 def cmd_du(args: argparse.Namespace) -> int:
     """Disk usage per pin and head (their current versions); with NAME or --shared, what each shares."""
+    if args.remote:
+        return cmd_du_remote(args)
     store = open_from_args(args, create=False)
     u = store.usage(shares=args.names or ([*store.pins(), *store.heads()] if args.shared else []))
     rows = [n for n in u.by_name if (args.by is None or n.kind == args.by) and (not args.names or n.name in args.names)]
@@ -127,7 +190,11 @@ def register(add: Add) -> None:
     sp.add_argument("--max-size", default=None, metavar="SIZE",
                     help="instead: evict least-recently-used unreferenced objects until the store fits SIZE "
                          "(e.g. 50G); exits 1 if pinned and head-referenced data alone exceed it")
-    sp.add_argument("--timeout", type=seconds_arg, default=600.0, help="seconds to wait for commits in progress")
+    sp.add_argument("--remote", default=None, metavar="NAME",
+                    help="collect on this remote (a configured name or s3:// URL) instead of the local store: "
+                         "its pins and heads are the roots, ages are the server's LastModified")
+    sp.add_argument("--timeout", type=seconds_arg, default=600.0,
+                    help="seconds to wait for commits (with --remote: pushes) in progress")
     sp.add_argument("-v", "--verbose", action="store_true", help="list every object and why it goes")
     sp.add_argument("--why", action="append", default=[], metavar="DIGEST",
                     help="say why this object (digest or unique prefix) stays or goes; repeatable")
@@ -144,6 +211,8 @@ def register(add: Add) -> None:
                     help="only these names, each with the bytes it shares with every other live name")
     sp.add_argument("--by", choices=("pin", "head"), default=None, help="only pins or only heads")
     sp.add_argument("--shared", action="store_true", help="list what every name shares with each other name")
+    sp.add_argument("--remote", default=None, metavar="NAME",
+                    help="a remote's pins and heads instead: bytes they reference vs bytes stored on the remote")
     sp.add_argument("--json", action="store_true")
     sp = add("stats", cmd_stats, "objects, bytes, compression, dedupe of the live names, history")
     sp.add_argument("--json", action="store_true", help="one JSON document")

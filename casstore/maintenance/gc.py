@@ -67,10 +67,10 @@ from .._progress import Progress, human_bytes
 from ..codecs import Codec
 from ..digest import Digest
 from ..errors import IntegrityError, StoreFormatError
+from ..manifests.graph import Live, compute_live, entry_refs
 from ..objects.local import ObjFile
 from .durations import Duration, Size, parse_duration, parse_size
 from .files import ObjectDirs
-from ..manifests.graph import Live, compute_live, entry_refs
 
 if TYPE_CHECKING:
     from ..store import Store

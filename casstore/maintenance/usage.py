@@ -22,10 +22,10 @@ from ..errors import (
     ObjectNotFoundError,
     StoreFormatError,
 )
+from ..manifests.graph import Graph, entry_refs, version_refs
 from ..manifests.model import ManifestDoc
 from ..objects.local import ObjFile
 from ..objects.reader import open_object_file
-from ..manifests.graph import Graph, entry_refs, version_refs
 
 _DAMAGE = (IntegrityError, StoreFormatError, ObjectNotFoundError)  # a tree node missing or damaged
 

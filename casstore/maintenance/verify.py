@@ -62,11 +62,11 @@ from ..errors import (
     ObjectNotFoundError,
     StoreFormatError,
 )
+from ..manifests.graph import Graph, compute_live, version_refs
 from ..objects.local import LocalObjects, ObjFile
 from ..objects.reader import open_object_file
 from .durations import Duration, parse_duration
 from .files import ObjectDirs
-from ..manifests.graph import Graph, compute_live, version_refs
 
 if TYPE_CHECKING:
     from ..store import Store

@@ -77,7 +77,7 @@ from .chunking import DEFAULT_CHUNKING, MAX_RECIPE_BYTES, Chunking, ChunkRef, Re
 if TYPE_CHECKING:
     import boto3.session
 
-__all__ = ["S3Connection", "S3Objects", "S3Body", "is_missing", "is_precondition_failed",
+__all__ = ["S3Connection", "S3Objects", "S3Body", "ListedKey", "ListedObject", "is_missing", "is_precondition_failed",
            "is_conditional_conflict", "MiB", "DEFAULT_WORKERS", "Readable"]
 
 MiB = 1 << 20
@@ -141,6 +141,25 @@ def _default_session(profile: Optional[str]) -> Any:
 def _create_only(params: Dict[str, Any], **kwargs: object) -> None:
     """botocore hook: every multipart completion of an object is create-only."""
     params.setdefault("IfNoneMatch", "*")
+
+
+@dataclass(frozen=True, slots=True)
+class ListedKey:
+    """One key of a listing with its size and server-side ``LastModified``."""
+
+    key: str
+    size: int
+    modified: float
+    """``LastModified`` as POSIX seconds (the server's clock; 0.0 if the server sent none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListedObject:
+    """One object of a remote listing: digest, size and ``LastModified`` (server clock, POSIX seconds)."""
+
+    digest: Digest
+    size: int
+    modified: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,6 +508,63 @@ class S3Connection:
             token = r.get("NextContinuationToken")
             if not token:
                 return
+
+    def list_modified(self, prefix: str) -> Iterator[ListedKey]:
+        """Every key under ``prefix`` with its size and ``LastModified`` (server time), in key order.
+
+        Remote gc judges an object's age by this server timestamp, never by a
+        client clock (clients and the server may disagree by minutes).
+        """
+        token: Optional[str] = None
+        while True:
+            params: Dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": self.list_page_size}
+            if token:
+                params["ContinuationToken"] = token
+            r = self.call("listing", prefix, functools.partial(self._c.list_objects_v2, **params))
+            for c in r.get("Contents", ()):
+                lm = c.get("LastModified")
+                modified = lm.timestamp() if hasattr(lm, "timestamp") else 0.0
+                yield ListedKey(str(c["Key"]), int(c.get("Size", 0)), float(modified))
+            if not r.get("IsTruncated"):
+                return
+            token = r.get("NextContinuationToken")
+            if not token:
+                return
+
+    def server_time(self, prefix: str) -> float:
+        """The server's clock now (POSIX seconds, from the ``Date`` header of a one-key listing of ``prefix``).
+
+        Ages of keys are compared with this, not with ``time.time()``: a client
+        whose clock runs an hour late would otherwise call every object young
+        (harmless) or, an hour early, call fresh uploads old (the hazard).
+        Falls back to the local clock if the server sends no usable ``Date``.
+        """
+        from email.utils import parsedate_to_datetime
+
+        r = self.call("listing", prefix, functools.partial(self._c.list_objects_v2, Bucket=self.bucket,
+                                                           Prefix=prefix, MaxKeys=1))
+        date = r.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+        try:
+            return float(parsedate_to_datetime(str(date)).timestamp())
+        except (TypeError, ValueError, IndexError):
+            return time.time()
+
+    def delete_many(self, keys: Iterable[str]) -> Dict[str, str]:
+        """DELETE many keys, 1,000 per ``DeleteObjects`` request; ``{key: error}`` for those that failed.
+
+        Unconditional (S3 deletes are idempotent: a key already gone counts as
+        deleted).  The caller decides what may go; this only sends it.
+        """
+        todo = list(keys)
+        failed: Dict[str, str] = {}
+        for i in range(0, len(todo), 1000):
+            chunk = todo[i:i + 1000]
+            req = {"Objects": [{"Key": k} for k in chunk], "Quiet": True}
+            r = self.call("deleting", chunk[0], functools.partial(self._c.delete_objects, Bucket=self.bucket,
+                                                                  Delete=req))
+            for e in r.get("Errors", ()):
+                failed[str(e.get("Key", ""))] = f"{e.get('Code', '')} {e.get('Message', '')}".strip()
+        return failed
 
     def upload(self, key: str, stream: Readable, *, create_only: bool = True) -> bool:
         """Upload a stream in parts (multipart from ``multipart_threshold``); ``False`` if the key existed.
@@ -883,6 +959,22 @@ class S3Objects(ObjectStore):
             d = parse_object_key(self.prefix, key)
             if d is not None:
                 yield ObjectInfo(d, size, size, RAW.name)
+
+    def iter_listed(self) -> Iterator[ListedObject]:
+        """Every object with its size and ``LastModified``, in digest order (keys that are not objects skipped)."""
+        for k in self.connection.list_modified(f"{self.prefix}{OBJECTS}/"):
+            d = parse_object_key(self.prefix, k.key)
+            if d is not None:
+                yield ListedObject(d, k.size, k.modified)
+
+    def delete_many(self, digests: Iterable[Digest]) -> Dict[Digest, str]:
+        """Delete many objects in batched requests; ``{digest: error}`` for those that failed.
+
+        Only for remote gc, which decides what is garbage and guards against
+        concurrent pushes (docs/remotes.md, "Remote gc").
+        """
+        by_key = {self.key(d): d for d in digests}
+        return {by_key[k]: err for k, err in self.connection.delete_many(by_key).items() if k in by_key}
 
     def iter_digests(self) -> Iterator[Digest]:
         """Every object's digest, in digest order."""

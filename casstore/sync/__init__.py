@@ -15,6 +15,8 @@ The feature's modules:
               objects fetched, verified, on first read.
 ``share``     :class:`S3Share`: a remote as fetch/derive use it to work once across
               machines (look-up, bring home, publish, a lease per name).
+``markers``   push and gc markers (with heartbeats) that keep remote gc and pushes apart.
+``remote_gc`` remote gc plans (:class:`RemoteGCPlan`), execution, ``du --remote`` (:func:`remote_usage`).
 
 The S3 transport itself is in the layers below: :mod:`casstore.objects.s3`
 and :mod:`casstore.refs.s3`.
@@ -26,6 +28,7 @@ from .merge import merge_versions
 from .pull import fetch_object, pull
 from .push import push
 from .readthrough import RemoteUpstream
+from .remote_gc import RemoteGCPlan, RemoteGCResult, RemoteNameUsage, RemoteUsage, plan_remote_gc, remote_usage
 from .remotes import (
            Remote,
            add_remote,
@@ -41,4 +44,5 @@ from .transfer import TransferReport
 
 __all__ = ["Remote", "TransferReport", "push", "pull", "fetch_object", "merge_versions", "load_remotes",
            "add_remote", "remove_remote", "get_remote", "RemoteUpstream", "load_upstream", "set_upstream",
-           "resolve_remote", "S3Share", "share"]
+           "resolve_remote", "S3Share", "share", "RemoteGCPlan", "RemoteGCResult", "RemoteUsage",
+           "RemoteNameUsage", "plan_remote_gc", "remote_usage"]

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from .._faults import fault
 from .._progress import Progress
@@ -25,6 +26,7 @@ from ..errors import ObjectNotFoundError, RemoteConflictError
 from ..manifests.model import load_manifest, walk_tree
 from ..refs import validate_name
 from ..refs.base import Ref
+from .markers import Marker
 from .merge import is_ancestor, local_chain
 from .remotes import Remote, resolve_remote
 from .transfer import TransferReport, run_parallel, upload_object
@@ -104,8 +106,12 @@ def _plan_ref(store: Store, rem: Remote, kind: str, name: str, d: Digest, force:
     )
 
 
-def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = False) -> TransferReport:
-    """Upload pins/heads (all of them if no names) with their closures; see :meth:`Store.push`."""
+def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = False,
+         timeout: Optional[float] = 600.0) -> TransferReport:
+    """Upload pins/heads (all of them if no names) with their closures; see :meth:`Store.push`.
+
+    ``timeout``: seconds to wait while a remote gc is deleting (then :class:`~casstore.errors.LockTimeout`).
+    """
     t0 = time.perf_counter()
     rem = resolve_remote(store, remote)
     targets = _resolve_local(store, names)
@@ -113,9 +119,17 @@ def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = Fa
         return TransferReport(rem.describe(), seconds=time.perf_counter() - t0)
     objects = store.objects
     n_objects = n_bytes = 0
-    with ThreadPoolExecutor(rem.workers, thread_name_prefix="casstore-push") as ex:
+    with ThreadPoolExecutor(rem.workers, thread_name_prefix="casstore-push") as ex, ExitStack() as held:
         # 1. Which refs can move, and how (early conflict detection; the CAS at the end decides).
         plans = list(ex.map(lambda t: _plan_ref(store, rem, t[0], t[1], t[2], force), targets))
+        # A push that will move a ref announces itself *before* it lists what the remote has: from
+        # then until its last ref write, a remote gc waits, so no object this push counts on (uploaded,
+        # or already there and skipped -- old, so no grace period protects it) can be deleted under it.
+        # While a gc runs, it waits (sync/markers.py; docs/remotes.md, "Remote gc").
+        marker: Optional[Marker] = None
+        if any(p.write for p in plans):
+            marker = held.enter_context(Marker(rem, "push", ", ".join(f"{p.kind}/{p.name}" for p in plans)))
+            marker.wait_clear(timeout, back_off=True)
         # 2. The closures: version chains (heads carry their history) and entry objects.
         chains: Dict[Digest, List[Digest]] = {}
         content: Set[Digest] = set()
@@ -176,8 +190,44 @@ def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = Fa
                     fault("remote.object-uploaded")
         finally:
             bar.close()
-    # 5. Refs last, by compare-and-swap.
-    fault("remote.before-refs")
+        # 5. Refs last, by compare-and-swap (still announced: the marker is removed on leaving this block).
+        fault("remote.before-refs")
+
+        def still_announced() -> None:
+            nonlocal n_objects, n_bytes
+            if marker is None or marker.held():
+                return
+            # Paused or cut off for so long that a gc may have judged our marker dead and deleted
+            # what we counted on: announce again (waiting out any gc), then make sure the closure is there.
+            marker.wait_clear(timeout, back_off=True)
+            n, b = _reupload(store, rem, content | versions, ex)
+            n_objects += n
+            n_bytes += b
+
+        refs = _move_refs(rem, plans, still_announced)
+    return TransferReport(rem.describe(), refs, n_objects, n_bytes, present, time.perf_counter() - t0)
+
+
+def _reupload(store: Store, rem: Remote, closure: Set[Digest], ex: ThreadPoolExecutor) -> Tuple[int, int]:
+    """Upload whatever of ``closure`` the remote lacks now (after our marker may have lapsed); (objects, bytes)."""
+    now_has = rem.objects.present(closure, executor=ex)
+    gone = [d for d in closure if d not in now_has]
+    absent = [d for d in gone if not store.objects.has(d)]
+    if absent:
+        raise ObjectNotFoundError(
+            f"push to {rem.describe()} stalled long enough for a remote gc to run, and {len(absent)} object(s) "
+            f"it relied on are gone there and not in the store at {store.root} (first: {absent[0]}); no ref "
+            "was moved. Pull or put them, then push again"
+        )
+    sizes = {d: store.objects.stat(d).size for d in gone}
+    # Versions last, oldest first is not needed here: no ref has moved yet, and every one goes up before the refs.
+    run_parallel(lambda d: upload_object(store.objects, rem.objects, d, sizes[d]),
+                 sorted(gone, key=lambda d: -sizes[d]), lambda d, _: None, ex)
+    return len(gone), sum(sizes.values())
+
+
+def _move_refs(rem: Remote, plans: List[_RefPlan], still_announced: Callable[[], None]) -> Dict[str, str]:
+    """Compare-and-swap each planned ref (each right after ``still_announced()``); what happened to each."""
     refs: Dict[str, str] = {}
     for p in plans:
         label = f"{p.kind}/{p.name}"
@@ -185,6 +235,7 @@ def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = Fa
             refs[label] = p.action
             continue
         fault("remote.before-ref-cas")
+        still_announced()
         if rem.refs.compare_and_swap(p.kind, p.name, p.digest, p.expected):
             refs[label] = p.action
             continue
@@ -202,4 +253,4 @@ def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = Fa
             f"(now {now.digest if now else 'deleted'}); another push won. "
             f"Pull it (store.pull(remote, {p.name!r}) merges), then push again"
         )
-    return TransferReport(rem.describe(), refs, n_objects, n_bytes, present, time.perf_counter() - t0)
+    return refs

@@ -1,0 +1,562 @@
+"""Remote garbage collection and usage: ``store.plan_gc(remote=...)``, ``casstore gc --remote``, ``du --remote``.
+
+What stays on a remote (the same rule as local gc, :mod:`casstore.manifests.graph`):
+
+* every remote pin's version and all its entries;
+* every remote head's current version and its last ``keep_history`` versions
+  (parent links), and their entries -- those the remote has (a push uploads a
+  head's older versions but only the current version's entries);
+* the derive inputs a pin or a head's current version records, transitively;
+* every object whose ``LastModified`` (the server's clock) is within ``grace``
+  of the server's time when the plan was made.
+
+Everything else under ``objects/`` goes: objects no kept version names and
+expired manifest versions (deleted first, before the objects only they name).
+
+Refusals (a typed error, nothing deleted): a ref that names a missing,
+corrupt or undecodable version; a kept version whose tree node is missing or
+damaged; a current version (a pin's, a head's) whose entries are not all on
+the remote.  A remote in that state has already broken the invariant that a
+ref never names a missing object; what it references is not reliably known,
+so nothing is called garbage until it is repaired (push the name again from a
+machine that has it, or remove the ref).
+
+Concurrent pushes (the full argument is in docs/remotes.md, "Remote gc"):
+:meth:`RemoteGCPlan.execute` announces itself with a gc marker and waits
+until no push is in progress (:mod:`casstore.sync.markers`), *then* re-reads
+every root and deletes only planned objects that are still unreferenced.  A
+push announces itself before it lists the remote and waits while a gc
+marker is up, so no push can count on an object (uploaded, or already there
+and skipped) that this gc is deleting.  The plan itself takes no marker and
+writes nothing (a dry run needs only read and list permissions).
+
+Hostile remote: versions and tree nodes are read verified and size-bounded
+(:data:`casstore.sync.pull.MAX_MANIFEST_BYTES`), decoded by THE decoder; ref
+keys that hold no digest are a StoreFormatError (refusal).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, BinaryIO, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
+
+from .._progress import Progress, human_bytes
+from ..digest import Digest
+from ..errors import (
+    AmbiguousDigestError,
+    IntegrityError,
+    InvalidDigestError,
+    InvalidInputError,
+    ObjectNotFoundError,
+    ReadOnlyError,
+    StoreFormatError,
+)
+from ..manifests.graph import Live, compute_live, version_refs
+from ..manifests.model import load_manifest
+from ..objects.base import Buffer, ObjectInfo, ObjectStore
+from ..objects.s3 import ListedObject
+from .markers import Marker
+from .pull import MAX_MANIFEST_BYTES
+
+if TYPE_CHECKING:
+    from .remotes import Remote
+
+__all__ = ["RemoteGCPlan", "RemoteGCResult", "PlannedDelete", "RemoteUsage", "RemoteNameUsage",
+           "plan_remote_gc", "remote_usage", "DELETE_BATCH"]
+
+log = logging.getLogger("casstore.gc")
+
+DELETE_BATCH = 1000
+"""Keys per DeleteObjects request (the S3 maximum); the gc marker is checked before each batch."""
+
+
+def ago(seconds: float) -> str:
+    """``"42s"``, ``"12m"``, ``"3.5h"``, ``"2.0d"``: an age for messages (the wording local gc uses)."""
+    s = max(0.0, seconds)
+    if s < 120:
+        return f"{s:.0f}s"
+    if s < 7200:
+        return f"{s / 60:.0f}m"
+    if s < 172800:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
+
+
+class RemoteVersions(ObjectStore):
+    """A read-only view of a remote's objects for the reference graph: verified, size-bounded reads.
+
+    Hazard: a hostile or damaged remote may serve a 100 GB object under a
+    version's digest; reads stop at :data:`MAX_MANIFEST_BYTES` (a
+    StoreFormatError, so gc refuses) instead of filling memory.  Nothing is
+    ever written or deleted through this view.
+    """
+
+    def __init__(self, rem: Remote) -> None:
+        self.rem = rem
+        """The remote read from."""
+
+    @property
+    def writable(self) -> bool:
+        """Never: gc only reads versions."""
+        return False
+
+    @property
+    def supports_delete(self) -> bool:
+        """Never through this view (gc deletes through ``remote.objects`` after its checks)."""
+        return False
+
+    def has(self, digest: Digest) -> bool:
+        """Is the object on the remote (one HEAD)?"""
+        return self.rem.objects.has(digest)
+
+    def stat(self, digest: Digest) -> ObjectInfo:
+        """Size of the remote object (one HEAD); ObjectNotFoundError if absent."""
+        return self.rem.objects.stat(digest)
+
+    def read(self, digest: Digest, *, verify: bool = True) -> bytes:
+        """The object's bytes, always hashed (even when ``verify=False`` is asked: nothing unverified is used)."""
+        data = self.rem.objects.read_at_most(digest, MAX_MANIFEST_BYTES, verify=True)
+        if data is None:
+            raise StoreFormatError(
+                f"{self.rem.describe()}: {self.rem.objects.url(digest)} is named as a manifest version or tree "
+                f"node but is larger than {MAX_MANIFEST_BYTES} bytes; not read"
+            )
+        return data
+
+    def open(self, digest: Digest, *, verify: bool = True) -> BinaryIO:
+        """The object's bytes as a stream (read whole first, bounded and verified: see :meth:`read`)."""
+        return io.BytesIO(self.read(digest, verify=verify))
+
+    def write(self, digest: Digest, data: Buffer) -> bool:
+        """Refused: this view is read-only."""
+        raise ReadOnlyError(f"{self.rem.describe()}: the gc's view of the remote is read-only")
+
+    def delete(self, digest: Digest) -> bool:
+        """Refused: this view is read-only."""
+        raise ReadOnlyError(f"{self.rem.describe()}: the gc's view of the remote is read-only")
+
+    def iter_digests(self) -> Iterator[Digest]:
+        """Every object's digest on the remote, from the listing."""
+        return self.rem.objects.iter_digests()
+
+
+def _refused(rem: Remote, e: Exception) -> Exception:
+    """The same error type, saying that remote gc stopped and what to do on a remote."""
+    what = (f"remote gc of {rem.describe()} refused, nothing was deleted: {e}. (On a remote: push that "
+            "name again from a machine that has a good copy, or delete the ref, then run gc again.)")
+    return type(e)(what)
+
+
+def _compute_live(rem: Remote, keep_history: int) -> Live:
+    """The roots' closure on the remote; refuses (typed) when a root cannot be read."""
+    try:
+        return compute_live(RemoteVersions(rem), rem.refs, keep_history)
+    except (ObjectNotFoundError, IntegrityError, StoreFormatError) as e:
+        raise _refused(rem, e) from None
+
+
+def _check_closures(rem: Remote, live: Live, present: Set[str]) -> None:
+    """Every current version's entries must be on the remote (``present``: hex of listed objects).
+
+    A push uploads them all before it writes the ref, so a gap means the
+    remote is damaged (deleted by hand, or by a gc that did not honour push
+    markers); gc refuses rather than work from a wrong picture.  A ref that
+    moved since it was read is not held against the remote.
+    """
+    g = live.graph
+    assert g is not None
+    seen: Set[bytes] = set()
+    for label, d in live.roots.items():
+        try:
+            doc = g.doc(d, label, required=True)
+            assert doc is not None
+            lacking = [(key, h) for key, h, _size in version_refs(doc, seen) if key and h not in present]
+        except (ObjectNotFoundError, IntegrityError, StoreFormatError) as e:
+            raise _refused(rem, e) from None
+        if not lacking:
+            continue
+        kind, _, name = label.partition(":")
+        now = rem.refs.read(f"{kind}s", name)
+        if now is None or now.digest != d:
+            continue  # moved meanwhile: judged again on the next run
+        key, h = lacking[0]
+        raise ObjectNotFoundError(
+            f"remote gc of {rem.describe()} refused, nothing was deleted: {kind} {name!r} names version {d}, "
+            f"but {len(lacking)} of its objects are missing on the remote (e.g. entry {key!r}, blake3:{h}); "
+            f"push {name!r} again from a machine that has it (or delete the ref), then run gc again"
+        )
+
+
+# -- plans ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedDelete:
+    """One remote object a plan would delete."""
+
+    digest: Digest
+    size: int
+    modified: float
+    """``LastModified`` (server clock, POSIX seconds)."""
+    kind: str
+    """``"version"`` (an expired manifest version, deleted first) or ``"object"``."""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteGCResult:
+    """What :meth:`RemoteGCPlan.execute` did."""
+
+    deleted: Tuple[Digest, ...]
+    """Digests deleted, in deletion order."""
+    freed_bytes: int
+    skipped: Mapping[Digest, str]
+    """Planned objects kept after all, and why (referenced since the plan)."""
+    failed: Mapping[Digest, str]
+    """Deletes the server refused, and its error (run gc again)."""
+    waited_seconds: float
+    """Time spent waiting for pushes in progress to finish."""
+    stale_markers: Tuple[str, ...]
+    """Push markers ignored as dead (no heartbeat for ``casstore.sync.markers.STALE_SECONDS``)."""
+    seconds: float
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-able form."""
+        return {"deleted": len(self.deleted), "freed_bytes": self.freed_bytes,
+                "skipped": {str(k): v for k, v in self.skipped.items()},
+                "failed": {str(k): v for k, v in self.failed.items()},
+                "waited_seconds": round(self.waited_seconds, 3), "stale_markers": list(self.stale_markers),
+                "seconds": round(self.seconds, 3)}
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteGCPlan:
+    """A frozen remote gc plan; nothing is deleted until :meth:`execute` (see the module docstring).
+
+    ``objects`` are the digests that would go (expired versions first),
+    ``freed_bytes`` what that frees on the remote, :meth:`why` why any one
+    digest stays or goes, ``kept`` the reason for every object that stays.
+    """
+
+    remote: Remote = field(repr=False, compare=False)
+    keep_history: int
+    grace: float
+    """Seconds."""
+    created: float
+    """The server's clock when planned (POSIX seconds)."""
+    files: Tuple[PlannedDelete, ...] = field(repr=False)
+    """What would be deleted, in order."""
+    freed_bytes: int
+    total_objects: int
+    total_bytes: int
+    """Bytes of every object on the remote when planned."""
+    roots: Mapping[str, Digest] = field(repr=False)
+    """``"pin:<name>"`` / ``"head:<name>"`` -> version."""
+    live: Live = field(repr=False, compare=False)
+    """The roots' closure when planned (what is kept, and why)."""
+    fresh: Mapping[str, float] = field(repr=False, compare=False)
+    """hex -> LastModified of unreferenced objects kept because they are within the grace period."""
+
+    @property
+    def objects(self) -> Tuple[Digest, ...]:
+        """Digests that would be deleted, in deletion order."""
+        return tuple(f.digest for f in self.files)
+
+    @property
+    def warnings(self) -> Tuple[str, ...]:
+        """Provenance records that were malformed or unreadable (each kept nothing extra)."""
+        return tuple(self.live.warnings)
+
+    @property
+    def kept(self) -> Mapping[Digest, str]:
+        """Every remote object that stays, with the reason (only those the remote has)."""
+        out: Dict[Digest, str] = {}
+        planned = {f.digest.hex for f in self.files}
+        for h in self.live.live:
+            if h not in planned:
+                out[Digest(h)] = self.live.describe(h)
+        for h in self.fresh:
+            out[Digest(h)] = self._fresh_reason(h)
+        return MappingProxyType(out)
+
+    def _fresh_reason(self, h: str) -> str:
+        return (f"fresh: uploaded {ago(self.created - self.fresh[h])} ago (server time), within the grace "
+                f"period ({ago(self.grace)}); a push in progress may still reference it")
+
+    def resolve(self, prefix: str) -> Digest:
+        """A full digest, or a unique prefix of a digest this plan deletes or keeps."""
+        try:
+            return Digest.parse(prefix)
+        except InvalidDigestError:
+            pass
+        p = prefix[len("blake3:"):] if prefix.startswith("blake3:") else prefix
+        if not p or any(c not in "0123456789abcdef" for c in p):
+            raise InvalidDigestError(f"{prefix!r} is not a digest or a hex prefix of one")
+        hits = {h for h in [*(f.digest.hex for f in self.files), *self.live.live, *self.fresh] if h.startswith(p)}
+        if len(hits) > 1:
+            raise AmbiguousDigestError(f"{prefix!r} matches {len(hits)} objects of the plan; give more digits")
+        if not hits:
+            raise ObjectNotFoundError(f"no object of {self.remote.describe()} starts with {prefix!r}")
+        return Digest(hits.pop())
+
+    def why(self, digest: Union[Digest, str]) -> str:
+        """Why ``digest`` stays on the remote or goes, in words."""
+        h = Digest.coerce(digest).hex
+        for f in self.files:
+            if f.digest.hex == h:
+                what = "an expired manifest version" if f.kind == "version" else "unreferenced"
+                return (f"deleted: {what}, uploaded {ago(self.created - f.modified)} ago "
+                        f"({human_bytes(f.size)} on the remote)")
+        if h in self.live.live:
+            return "kept: " + self.live.describe(h)
+        if h in self.fresh:
+            return "kept: " + self._fresh_reason(h)
+        return "not on the remote when planned"
+
+    def summary(self) -> str:
+        """A few lines for humans."""
+        n_versions = sum(1 for f in self.files if f.kind == "version")
+        lines = [
+            f"{self.remote.describe()}: {len(self.files)} objects ({n_versions} expired manifest versions) "
+            f"would be deleted, freeing {human_bytes(self.freed_bytes)} of {human_bytes(self.total_bytes)}",
+            f"kept: {self.total_objects - len(self.files) - len(self.fresh)} referenced by {len(self.roots)} roots "
+            f"(pins, heads and their last {self.keep_history} versions), {len(self.fresh)} fresh "
+            f"(grace {ago(self.grace)}, by the server's LastModified)",
+        ]
+        lines += [f"warning: {w}" for w in self.live.warnings[:10]]
+        return "\n".join(lines)
+
+    def to_dict(self, *, objects: bool = False) -> Dict[str, Any]:
+        """JSON-able form; ``objects=True`` lists every digest with its reason."""
+        doc: Dict[str, Any] = {
+            "remote": self.remote.describe(),
+            "objects": len(self.files),
+            "expired_versions": sum(1 for f in self.files if f.kind == "version"),
+            "freed_bytes": self.freed_bytes,
+            "total_objects": self.total_objects,
+            "total_bytes": self.total_bytes,
+            "kept_referenced": self.total_objects - len(self.files) - len(self.fresh),
+            "kept_fresh": len(self.fresh),
+            "keep_history": self.keep_history,
+            "grace_seconds": self.grace,
+            "roots": {k: str(v) for k, v in self.roots.items()},
+            "warnings": list(self.live.warnings),
+        }
+        if objects:
+            doc["delete"] = [{"digest": str(f.digest), "bytes": f.size, "kind": f.kind} for f in self.files]
+            doc["kept"] = {str(k): v for k, v in self.kept.items()}
+        return doc
+
+    def execute(self, *, timeout: Optional[float] = 600.0, progress: Optional[bool] = None) -> RemoteGCResult:
+        """Delete the planned objects that are still garbage; return what was done.
+
+        Writes a gc marker and waits (up to ``timeout`` seconds, then
+        :class:`~casstore.errors.LockTimeout`) until no push is in progress;
+        pushes that start meanwhile wait for this gc.  Then every root is read
+        again and any planned object that has become referenced is skipped.
+        """
+        return _execute(self, timeout=timeout, progress=progress)
+
+
+def plan_remote_gc(rem: Remote, *, keep_history: int, grace: float) -> RemoteGCPlan:
+    """Plan a gc of remote ``rem`` (nothing deleted, nothing written); ``grace`` in seconds.
+
+    The facade (``store.plan_gc(remote=...)``) parses durations like ``"1h"``.
+    """
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
+        raise InvalidInputError(f"grace must be a non-negative number of seconds, not {grace!r}")
+    # The server's clock, before anything is listed: an object uploaded after this is younger than
+    # `now - grace` whatever the client's clock says.
+    now = rem.connection.server_time(f"{rem.prefix}objects/")
+    # Roots first, then the listing: an object a ref read here names was uploaded before that ref
+    # was written, so it is in the listing unless something deleted it (then: refusal below).
+    live = _compute_live(rem, keep_history)
+    for w in live.warnings:
+        log.warning("remote gc: %s", w)
+    listed: List[ListedObject] = list(rem.objects.iter_listed())
+    _check_closures(rem, live, {o.digest.hex for o in listed})
+    cutoff = now - grace
+    expired = {d.hex for d in live.expired}
+    fresh: Dict[str, float] = {}
+    versions: Dict[str, ListedObject] = {}
+    garbage: List[ListedObject] = []
+    total = 0
+    for o in listed:
+        total += o.size
+        h = o.digest.hex
+        if h in live.live:
+            continue
+        if o.modified > cutoff:
+            fresh[h] = o.modified
+        elif h in expired:
+            versions[h] = o
+        else:
+            garbage.append(o)
+    # Expired versions first, newest first along each chain (cut the history before what only it names).
+    files = [PlannedDelete(versions[d.hex].digest, versions[d.hex].size, versions[d.hex].modified, "version")
+             for d in live.expired if d.hex in versions]
+    files += [PlannedDelete(o.digest, o.size, o.modified, "object") for o in garbage]
+    return RemoteGCPlan(
+        remote=rem, keep_history=keep_history, grace=float(grace), created=now, files=tuple(files),
+        freed_bytes=sum(f.size for f in files), total_objects=len(listed), total_bytes=total,
+        roots=MappingProxyType(dict(live.roots)), live=live, fresh=MappingProxyType(fresh),
+    )
+
+
+def _execute(plan: RemoteGCPlan, *, timeout: Optional[float], progress: Optional[bool]) -> RemoteGCResult:
+    rem = plan.remote
+    t0 = time.monotonic()
+    deleted: List[Digest] = []
+    skipped: Dict[Digest, str] = {}
+    failed: Dict[Digest, str] = {}
+    freed = 0
+    stale: Set[str] = set()
+    waited = 0.0
+    sizes = {f.digest: f.size for f in plan.files}
+    if not plan.files:
+        return RemoteGCResult((), 0, MappingProxyType({}), MappingProxyType({}), 0.0, (), time.monotonic() - t0)
+    enabled = rem.progress if progress is None else progress
+    with Marker(rem, "gc", f"gc of {len(plan.files)} objects") as marker, \
+            Progress(len(plan.files), desc=f"gc {rem.name or rem.url}", unit="objects", enabled=enabled) as bar:
+        live: Optional[Live] = None
+        todo = list(plan.files)
+        while todo:
+            if live is None or not marker.held():
+                # (Again) announced: wait out every push in progress, then read the roots afresh. A push
+                # that finished before this point has its refs seen now; one that starts later waits for us.
+                w0 = time.monotonic()
+                stale.update(m.key for m in marker.wait_clear(timeout, back_off=False))
+                waited += time.monotonic() - w0
+                live = _compute_live(rem, plan.keep_history)
+            batch, todo = todo[:DELETE_BATCH], todo[DELETE_BATCH:]
+            go: List[Digest] = []
+            for f in batch:
+                if f.digest.hex in live.live:
+                    skipped[f.digest] = "now referenced: " + live.describe(f.digest.hex)
+                else:
+                    go.append(f.digest)
+            if not marker.held():  # the root scan took long: re-announce and look again before deleting
+                todo = batch + todo
+                continue
+            errors = rem.objects.delete_many(go)
+            for d in go:
+                if d in errors:
+                    failed[d] = errors[d]
+                else:
+                    deleted.append(d)
+                    freed += sizes[d]
+            bar.update(len(batch))
+    if failed:
+        log.warning("remote gc: %d deletes failed (run gc again), e.g. %s", len(failed), next(iter(failed.values())))
+    return RemoteGCResult(tuple(deleted), freed, MappingProxyType(skipped), MappingProxyType(failed), waited,
+                          tuple(sorted(stale)), time.monotonic() - t0)
+
+
+# -- usage ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteNameUsage:
+    """One remote pin or head (its current version): what it references and what that takes on the remote."""
+
+    name: str
+    kind: str
+    """``"pin"`` or ``"head"``."""
+    version: Digest
+    entries: int
+    logical_bytes: int
+    """Entry sizes summed (once per key: what the name would take as plain files)."""
+    objects: int
+    """Distinct objects its entries name."""
+    stored_bytes: int
+    """Those objects' bytes on the remote (each once)."""
+    missing: int
+    """Entry objects the remote lacks (a damaged remote: `casstore gc --remote` refuses)."""
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-able form."""
+        return {"name": self.name, "kind": self.kind, "version": str(self.version), "entries": self.entries,
+                "logical_bytes": self.logical_bytes, "objects": self.objects, "stored_bytes": self.stored_bytes,
+                "missing": self.missing}
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteUsage:
+    """Bytes a remote stores against the bytes its live names reference (``casstore du --remote``)."""
+
+    remote: str
+    """The remote's description."""
+    objects: int
+    """Objects on the remote (every listed object key)."""
+    stored_bytes: int
+    """Their bytes."""
+    live_logical_bytes: int
+    """Entry sizes over every live name's current version, once per reference (as plain files)."""
+    live_objects: int
+    """Distinct objects those entries name (and the current versions themselves)."""
+    live_stored_bytes: int
+    """Those objects' bytes on the remote (each once): what the live names need."""
+    live_missing: int
+    """Objects live names need that the remote lacks."""
+    other_bytes: int
+    """``stored_bytes - live_stored_bytes``: history, expired versions, unreferenced objects
+    (what `casstore gc --remote` may free, before keep_history and grace)."""
+    by_name: Tuple[RemoteNameUsage, ...]
+
+    @property
+    def dedupe_ratio(self) -> float:
+        """``live_logical_bytes / live_stored_bytes`` (1.0 when nothing is stored)."""
+        return self.live_logical_bytes / self.live_stored_bytes if self.live_stored_bytes else 1.0
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-able form."""
+        return {"remote": self.remote, "objects": self.objects, "stored_bytes": self.stored_bytes,
+                "live_logical_bytes": self.live_logical_bytes, "live_objects": self.live_objects,
+                "live_stored_bytes": self.live_stored_bytes, "live_missing": self.live_missing,
+                "other_bytes": self.other_bytes, "dedupe_ratio": round(self.dedupe_ratio, 4),
+                "names": [n.to_dict() for n in self.by_name]}
+
+
+def remote_usage(rem: Remote) -> RemoteUsage:
+    """What the remote stores against what its pins and heads (current versions) reference.
+
+    Reads every ref and each current version (verified, bounded), lists the
+    objects once; reads no data object.
+    """
+    view = RemoteVersions(rem)
+    heads = rem.refs.list("heads")
+    pins = rem.refs.list("pins")
+    listed = {o.digest.hex: o.size for o in rem.objects.iter_listed()}
+    rows: List[RemoteNameUsage] = []
+    live: Dict[str, Optional[int]] = {}
+    logical_total = 0
+    for kind, refs in (("pin", pins), ("head", heads)):
+        for name, d in refs.items():
+            try:
+                doc = load_manifest(view, d)
+            except (ObjectNotFoundError, IntegrityError, StoreFormatError) as e:
+                raise type(e)(f"{rem.describe()}: {kind} {name!r}: {e}") from None
+            live.setdefault(d.hex, None)
+            objs: Dict[str, int] = {}
+            entries = logical = missing = 0
+            for key, h, size in version_refs(doc, set()):
+                live.setdefault(h, size)
+                if not key:  # a tree node: stored, not an entry
+                    continue
+                entries += 1
+                logical += size if size is not None else listed.get(h, 0)
+                if h not in objs:
+                    if h in listed:
+                        objs[h] = listed[h]
+                    else:
+                        objs[h] = 0
+                        missing += 1
+            logical_total += logical
+            rows.append(RemoteNameUsage(name, kind, d, entries, logical, len(objs), sum(objs.values()), missing))
+    live_stored = sum(listed[h] for h in live if h in listed)
+    stored = sum(listed.values())
+    return RemoteUsage(rem.describe(), len(listed), stored, logical_total, len(live), live_stored,
+                       sum(1 for h in live if h not in listed), stored - live_stored, tuple(rows))
