@@ -171,7 +171,8 @@ def test_push_uploads_only_missing_and_lists_per_prefix(tmp_path: Path, remote: 
     remote.requests.clear()
     rep = a.push(remote, "h")
     assert rep.objects == 4
-    assert remote.requests["PutObject"] == 4 + 1  # 3 objects + version + the ref
+    assert remote.requests["PutObject"] == 4 + 1 + 1  # 3 objects + version + the ref + the push marker
+    assert remote.requests["DeleteObject"] == 1  # the push marker, removed (docs/remotes.md, "Remote gc")
     # A remote larger than one listing page: the probe, then one round trip per fan-out prefix needed.
     remote.list_page_size = 20
     remote.requests.clear()

@@ -82,7 +82,7 @@ def test_push_killed_midway_then_rerun_uploads_only_missing(tmp_path: Path, remo
     remote.requests.clear()
     rep = a.push(remote, "h")
     assert rep.objects == 61 - len(there) and rep.present == len(there)
-    assert remote.requests["PutObject"] == rep.objects + 1  # the missing objects, then the ref
+    assert remote.requests["PutObject"] == rep.objects + 2  # the missing objects, then the ref (+ the push marker)
     assert check_remote_consistent(seaweed.client(), remote.url) == {"heads/h": str(a.heads()["h"])}
 
 
@@ -105,7 +105,7 @@ def test_push_killed_before_refs_and_history_order(tmp_path: Path, remote: casst
     assert len(object_keys(seaweed, remote)) == 21 and ref_keys(seaweed, remote) == []
     remote.requests.clear()
     rep = a.push(remote, "h")
-    assert rep.objects == 0 and remote.requests["PutObject"] == 1
+    assert rep.objects == 0 and remote.requests["PutObject"] == 2  # the ref and the push marker
     check_remote_consistent(client, remote.url)
 
 
@@ -131,7 +131,7 @@ def test_push_killed_from_outside_at_a_random_moment(tmp_path: Path, remote: cas
     rep = a.push(remote, "h")
     # An upload in flight at the kill may still have landed after the snapshot above.
     assert rep.present >= len(there) and rep.present + rep.objects == 301
-    assert remote.requests["PutObject"] == rep.objects + 1
+    assert remote.requests["PutObject"] == rep.objects + 2  # + the push marker
     check_remote_consistent(seaweed.client(), remote.url)
 
 
