@@ -20,7 +20,7 @@ import time
 from types import TracebackType
 from typing import Callable, Optional, TextIO, Type
 
-__all__ = ["Progress", "human_bytes"]
+__all__ = ["Progress", "human_bytes", "human_age"]
 
 _BAR = 24
 ETA_MIN_SECONDS = 1.0
@@ -40,6 +40,18 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def human_age(seconds: float) -> str:
+    """``42`` -> ``"42s"``, ``720`` -> ``"12m"``, then hours and days: an age or a period in gc's messages."""
+    s = max(0.0, seconds)
+    if s < 120:
+        return f"{s:.0f}s"
+    if s < 7200:
+        return f"{s / 60:.0f}m"
+    if s < 172800:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
 
 
 def _eta(seconds: float) -> str:

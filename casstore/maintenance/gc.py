@@ -63,7 +63,7 @@ from .._faults import fault
 from .._fs import process_token, sweep_stale
 from .._gclock import gc_lock
 from .._layout import OBJECTS
-from .._progress import Progress, human_bytes
+from .._progress import Progress, human_age, human_bytes
 from ..codecs import Codec
 from ..digest import Digest
 from ..errors import IntegrityError, StoreFormatError
@@ -118,17 +118,6 @@ class PlannedFile(NamedTuple):
 
 def _planned(f: ObjFile, kind: str) -> PlannedFile:
     return PlannedFile(f.hex, f.codec, f.path, f.size, f.mtime, kind)
-
-
-def _ago(seconds: float) -> str:
-    s = max(0.0, seconds)
-    if s < 120:
-        return f"{s:.0f}s"
-    if s < 7200:
-        return f"{s / 60:.0f}m"
-    if s < 172800:
-        return f"{s / 3600:.1f}h"
-    return f"{s / 86400:.1f}d"
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,8 +211,8 @@ class GCPlan:
         return self.max_bytes is None or self.stored_bytes_after <= self.max_bytes
 
     def _fresh_reason(self, h: str) -> str:
-        return (f"fresh: written {_ago(self.created - self._fresh[h])} ago, within the grace period "
-                f"({_ago(self.grace)}); a write in progress may still reference it")
+        return (f"fresh: written {human_age(self.created - self._fresh[h])} ago, within the grace period "
+                f"({human_age(self.grace)}); a write in progress may still reference it")
 
     def why(self, digest: Union[Digest, str]) -> str:
         """Why ``digest`` stays or goes, in words."""
@@ -237,7 +226,7 @@ class GCPlan:
         for f in self.files:
             if f.hex == h:
                 what = "an expired manifest version" if f.kind == "version" else "unreferenced"
-                return (f"deleted: {what}, last written {_ago(self.created - f.mtime)} ago "
+                return (f"deleted: {what}, last written {human_age(self.created - f.mtime)} ago "
                         f"({human_bytes(f.size)} on disk)")
         return "not in the store when planned"
 
@@ -249,7 +238,8 @@ class GCPlan:
             f"freeing {human_bytes(self.freed_bytes)} of {human_bytes(self.total_bytes)}",
             f"kept: {len(self._live.live)} referenced by {len(self.roots)} roots "
             f"(pins, heads and their last {self.keep_history} versions), {len(self._fresh)} fresh "
-            f"(grace {_ago(self.grace)})" + (f", {len(self._spared)} not needed for the limit" if self._spared else ""),
+            f"(grace {human_age(self.grace)})"
+            + (f", {len(self._spared)} not needed for the limit" if self._spared else ""),
         ]
         warnings = self._live.warnings
         lines += [f"warning: {w}" for w in warnings[:10]]
@@ -270,7 +260,7 @@ class GCPlan:
         return (f"limit {human_bytes(self.max_bytes)} cannot be met: {human_bytes(self.stored_bytes_after)} stay "
                 f"because they are pinned, referenced by heads (current or last {self.keep_history} versions), "
                 f"inputs those pins and current heads were derived from, or fresh (written within "
-                f"{_ago(self.grace)}); pinned and head-referenced data is never evicted "
+                f"{human_age(self.grace)}); pinned and head-referenced data is never evicted "
                 "-- unpin or remove names, lower keep_history, or raise the limit")
 
     def to_dict(self, *, objects: bool = False) -> Dict[str, Any]:
@@ -362,7 +352,7 @@ def _plan(store: Store, keep_history: int, grace: Duration, *, max_bytes: Option
                 if over <= 0:
                     for x in group:
                         spared[x.hex] = ("unreferenced, but not needed to meet the limit (used "
-                                         f"{_ago(now - max(x.atime, x.mtime))} ago)")
+                                         f"{human_age(now - max(x.atime, x.mtime))} ago)")
                     continue
                 for x in group:
                     planned.append(_planned(x, "object"))

@@ -42,9 +42,9 @@ import logging
 import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, BinaryIO, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, BinaryIO, Dict, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
-from .._progress import Progress, human_bytes
+from .._progress import Progress, human_age, human_bytes
 from ..digest import Digest
 from ..errors import (
     AmbiguousDigestError,
@@ -72,18 +72,6 @@ log = logging.getLogger("casstore.gc")
 
 DELETE_BATCH = 1000
 """Keys per DeleteObjects request (the S3 maximum); the gc marker is checked before each batch."""
-
-
-def ago(seconds: float) -> str:
-    """``"42s"``, ``"12m"``, ``"3.5h"``, ``"2.0d"``: an age for messages (the wording local gc uses)."""
-    s = max(0.0, seconds)
-    if s < 120:
-        return f"{s:.0f}s"
-    if s < 7200:
-        return f"{s / 60:.0f}m"
-    if s < 172800:
-        return f"{s / 3600:.1f}h"
-    return f"{s / 86400:.1f}d"
 
 
 class RemoteVersions(ObjectStore):
@@ -259,6 +247,8 @@ class RemoteGCPlan:
     """The roots' closure when planned (what is kept, and why)."""
     fresh: Mapping[str, float] = field(repr=False, compare=False)
     """hex -> LastModified of unreferenced objects kept because they are within the grace period."""
+    present: FrozenSet[str] = field(repr=False, compare=False)
+    """Hex digests of every object listed when planned."""
 
     @property
     def objects(self) -> Tuple[Digest, ...]:
@@ -276,15 +266,15 @@ class RemoteGCPlan:
         out: Dict[Digest, str] = {}
         planned = {f.digest.hex for f in self.files}
         for h in self.live.live:
-            if h not in planned:
+            if h in self.present and h not in planned:
                 out[Digest(h)] = self.live.describe(h)
         for h in self.fresh:
             out[Digest(h)] = self._fresh_reason(h)
         return MappingProxyType(out)
 
     def _fresh_reason(self, h: str) -> str:
-        return (f"fresh: uploaded {ago(self.created - self.fresh[h])} ago (server time), within the grace "
-                f"period ({ago(self.grace)}); a push in progress may still reference it")
+        return (f"fresh: uploaded {human_age(self.created - self.fresh[h])} ago (server time), within the grace "
+                f"period ({human_age(self.grace)}); a push in progress may still reference it")
 
     def resolve(self, prefix: str) -> Digest:
         """A full digest, or a unique prefix of a digest this plan deletes or keeps."""
@@ -308,7 +298,7 @@ class RemoteGCPlan:
         for f in self.files:
             if f.digest.hex == h:
                 what = "an expired manifest version" if f.kind == "version" else "unreferenced"
-                return (f"deleted: {what}, uploaded {ago(self.created - f.modified)} ago "
+                return (f"deleted: {what}, uploaded {human_age(self.created - f.modified)} ago "
                         f"({human_bytes(f.size)} on the remote)")
         if h in self.live.live:
             return "kept: " + self.live.describe(h)
@@ -324,7 +314,7 @@ class RemoteGCPlan:
             f"would be deleted, freeing {human_bytes(self.freed_bytes)} of {human_bytes(self.total_bytes)}",
             f"kept: {self.total_objects - len(self.files) - len(self.fresh)} referenced by {len(self.roots)} roots "
             f"(pins, heads and their last {self.keep_history} versions), {len(self.fresh)} fresh "
-            f"(grace {ago(self.grace)}, by the server's LastModified)",
+            f"(grace {human_age(self.grace)}, by the server's LastModified)",
         ]
         lines += [f"warning: {w}" for w in self.live.warnings[:10]]
         return "\n".join(lines)
@@ -403,6 +393,7 @@ def plan_remote_gc(rem: Remote, *, keep_history: int, grace: float) -> RemoteGCP
         remote=rem, keep_history=keep_history, grace=float(grace), created=now, files=tuple(files),
         freed_bytes=sum(f.size for f in files), total_objects=len(listed), total_bytes=total,
         roots=MappingProxyType(dict(live.roots)), live=live, fresh=MappingProxyType(fresh),
+        present=frozenset(o.digest.hex for o in listed),
     )
 
 
