@@ -40,6 +40,7 @@ from __future__ import annotations
 import io
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, BinaryIO, Dict, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple, Union
@@ -148,7 +149,8 @@ def _compute_live(rem: Remote, keep_history: int) -> Live:
 
 
 def _check_closures(rem: Remote, live: Live, present: Set[str]) -> None:
-    """Every current version's entries must be on the remote (``present``: hex of listed objects).
+    """Every current version's entries must be on the remote (``present``: hex of listed objects;
+    what the listing lacks is looked up again before it counts as missing).
 
     A push uploads them all before it writes the ref, so a gap means the
     remote is damaged (deleted by hand, or by a gc that did not honour push
@@ -165,6 +167,9 @@ def _check_closures(rem: Remote, live: Live, present: Set[str]) -> None:
             lacking = [(key, h) for key, h, _size in version_refs(doc, seen) if key and h not in present]
         except (ObjectNotFoundError, IntegrityError, StoreFormatError) as e:
             raise _refused(rem, e) from None
+        if lacking:  # not in the listing: uploaded after it passed their keys, or really gone?
+            there = rem.objects.present({Digest(h) for _key, h in lacking})
+            lacking = [(key, h) for key, h in lacking if Digest(h) not in there]
         if not lacking:
             continue
         kind, _, name = label.partition(":")
@@ -361,12 +366,18 @@ def plan_remote_gc(rem: Remote, *, keep_history: int, grace: float) -> RemoteGCP
     # The server's clock, before anything is listed: an object uploaded after this is younger than
     # `now - grace` whatever the client's clock says.
     now = rem.connection.server_time(f"{rem.prefix}objects/")
-    # Roots first, then the listing: an object a ref read here names was uploaded before that ref
-    # was written, so it is in the listing unless something deleted it (then: refusal below).
-    live = _compute_live(rem, keep_history)
+    # The listing (100 pages for 100,000 objects) runs beside the graph walk (a GET per version):
+    # a plan then costs about the longer of the two.  Objects uploaded during the listing may be
+    # missed by it; they are simply not candidates, and the closure check confirms a gap before
+    # refusing (an object a ref names may have gone up after the listing passed its key).
+    with ThreadPoolExecutor(1, thread_name_prefix="casstore-gc-list") as ex:
+        listing = ex.submit(lambda: list(rem.objects.iter_listed()))
+        try:
+            live = _compute_live(rem, keep_history)
+        finally:
+            listed: List[ListedObject] = listing.result()
     for w in live.warnings:
         log.warning("remote gc: %s", w)
-    listed: List[ListedObject] = list(rem.objects.iter_listed())
     _check_closures(rem, live, {o.digest.hex for o in listed})
     cutoff = now - grace
     expired = {d.hex for d in live.expired}
