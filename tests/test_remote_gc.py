@@ -125,6 +125,24 @@ def test_apply_deletes_exactly_the_unreachable(tmp_path: Path, remote: casstore.
     assert a.plan_gc(keep_history=keep, grace=0, remote=remote).objects == ()
 
 
+def test_execute_rereads_the_roots_and_spares_what_became_referenced(tmp_path: Path, remote: casstore.Remote,
+                                                                      seaweed: Any) -> None:
+    a, d = history_setup(tmp_path, remote)
+    plan = a.plan_gc(keep_history=0, grace=0, remote=remote)
+    assert d["orphan"] in plan.objects and d["o2"] in plan.objects
+    # After the plan, a push from another machine names the orphan (deduped: it is old and already there).
+    b = casstore.open(tmp_path / "b")
+    with b.edit("late") as m:
+        m["adopted"] = b.put(remote.objects.read(d["orphan"]))
+    rep = b.push(remote, "late")
+    assert rep.present >= 1  # the orphan was not uploaded again: the dangerous, deduped case
+    res = plan.execute()
+    assert res.skipped == {d["orphan"]: "now referenced: entry 'adopted' of head 'late'"}
+    assert set(res.deleted) == set(plan.objects) - {d["orphan"]}
+    assert d["orphan"].hex in objects_on(seaweed, remote)
+    check_remote_consistent(seaweed.client(), remote.url)
+
+
 def test_grace_keeps_young_objects_by_server_time(tmp_path: Path, remote: casstore.Remote, seaweed: Any) -> None:
     old = [os.urandom(64) for _ in range(3)]
     for x in old:

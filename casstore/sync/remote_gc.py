@@ -505,15 +505,13 @@ def _execute(plan: RemoteGCPlan, *, timeout: Optional[float], progress: Optional
                 waited += time.monotonic() - w0
                 live = _compute_live(rem, plan.keep_history)
             batch, todo = todo[:DELETE_BATCH], todo[DELETE_BATCH:]
-            go: List[Digest] = []
+            go = [f.digest for f in batch if f.digest.hex not in live.live]
+            if not marker.held():  # our marker may have lapsed meanwhile: announce and look again first
+                todo = batch + todo
+                continue
             for f in batch:
                 if f.digest.hex in live.live:
                     skipped[f.digest] = "now referenced: " + live.describe(f.digest.hex)
-                else:
-                    go.append(f.digest)
-            if not marker.held():  # the root scan took long: re-announce and look again before deleting
-                todo = batch + todo
-                continue
             errors = rem.objects.delete_many(go)
             for d in go:
                 if d in errors:
