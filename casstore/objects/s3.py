@@ -967,6 +967,15 @@ class S3Objects(ObjectStore):
             if d is not None:
                 yield ListedObject(d, k.size, k.modified)
 
+    def iter_listed_under(self, kind: str) -> Iterator[ListedObject]:
+        """Every key under ``<prefix><kind>/`` (``objects``, ``recipes``, ``chunks``) as a digest with its size
+        and ``LastModified``, in digest order (keys of any other shape skipped)."""
+        base = f"{self.prefix}{kind}/"
+        for k in self.connection.list_modified(base):
+            d = _parse_fan_key(base, k.key)
+            if d is not None:
+                yield ListedObject(d, k.size, k.modified)
+
     def delete_many(self, digests: Iterable[Digest]) -> Dict[Digest, str]:
         """Delete many objects in batched requests; ``{digest: error}`` for those that failed.
 

@@ -47,7 +47,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, BinaryIO, Dict, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 from .._progress import Progress, human_age, human_bytes
-from ..digest import Digest
+from ..digest import Digest, hash_bytes
 from ..errors import (
     AmbiguousDigestError,
     CasstoreError,
@@ -61,7 +61,7 @@ from ..errors import (
 from ..manifests.graph import Live, compute_live, version_refs
 from ..manifests.model import load_manifest, read_parent
 from ..objects.base import Buffer, ObjectInfo, ObjectStore
-from ..objects.s3 import ListedObject
+from ..objects.s3 import CHUNKS, RECIPES, ListedObject, S3Objects
 from .markers import Marker
 from .pull import MAX_MANIFEST_BYTES
 
@@ -143,13 +143,30 @@ class RemoteVersions(ObjectStore):
         return self.rem.objects.stat(digest)
 
     def _fetch(self, digest: Digest) -> bytes:
-        data = self.rem.objects.read_at_most(digest, MAX_MANIFEST_BYTES, verify=True)
+        try:
+            data = self.rem.objects.read_at_most(digest, MAX_MANIFEST_BYTES, verify=True)
+        except ObjectNotFoundError:
+            data = self._fetch_chunked(digest)  # a version of 4 MiB and up may have been pushed as chunks
         if data is None:
             raise StoreFormatError(
                 f"{self.rem.describe()}: {self.rem.objects.url(digest)} is named as a manifest version or tree "
                 f"node but is larger than {MAX_MANIFEST_BYTES} bytes; not read"
             )
         self._read_ahead(read_parent(data))
+        return data
+
+    def _fetch_chunked(self, digest: Digest) -> Optional[bytes]:
+        """The bytes of an object stored as a recipe of chunks (each chunk verified, then the whole);
+        ``None`` if larger than :data:`MAX_MANIFEST_BYTES`; ObjectNotFoundError if there is no recipe either."""
+        recipe = self.rem.objects.read_recipe(digest)
+        if recipe is None:
+            raise self.rem.objects.missing_error(digest)
+        if recipe.size > MAX_MANIFEST_BYTES:
+            return None
+        data = b"".join(self.rem.objects.read_chunk(c) for c in recipe.chunks)
+        got = hash_bytes(data)
+        if got != digest:
+            raise self.rem.objects.corrupt_error(digest, got, len(data))
         return data
 
     def _read_ahead(self, digest: Optional[Digest]) -> None:
@@ -267,7 +284,19 @@ class PlannedDelete:
     modified: float
     """``LastModified`` (server clock, POSIX seconds)."""
     kind: str
-    """``"version"`` (an expired manifest version, deleted first) or ``"object"``."""
+    """``"version"`` (an expired manifest version, deleted first), ``"object"``, or ``"chunk"`` (a chunk no
+    remaining recipe names, deleted last)."""
+    form: str = "object"
+    """Which key goes: ``"object"`` (``objects/``: a whole object), ``"recipe"`` (``recipes/``: a chunked
+    object; its chunks go as ``"chunk"`` entries once no other recipe names them) or ``"chunk"``."""
+
+    def key(self, objects: S3Objects) -> str:
+        """The remote key this entry deletes."""
+        if self.form == "recipe":
+            return objects.recipe_key(self.digest)
+        if self.form == "chunk":
+            return objects.chunk_key(self.digest)
+        return objects.key(self.digest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,17 +353,29 @@ class RemoteGCPlan:
     fresh: Mapping[str, float] = field(repr=False, compare=False)
     """hex -> LastModified of unreferenced objects kept because they are within the grace period."""
     present: FrozenSet[str] = field(repr=False, compare=False)
-    """Hex digests of every object listed when planned."""
+    """Hex digests of every object listed when planned (whole or as a recipe)."""
+    kept_chunks: FrozenSet[str] = field(repr=False, compare=False, default=frozenset())
+    """Hex digests of chunks that stay (named by a recipe that stays, or fresh)."""
+    known_recipes: FrozenSet[str] = field(repr=False, compare=False, default=frozenset())
+    """Recipes listed when planned (execute reads only recipes that appeared since)."""
+    notes: Tuple[str, ...] = ()
+    """Why some chunks were not considered (an unreadable recipe), beside the provenance warnings."""
 
     @property
     def objects(self) -> Tuple[Digest, ...]:
-        """Digests that would be deleted, in deletion order."""
-        return tuple(f.digest for f in self.files)
+        """Digests of objects (and expired versions) that would be deleted, in deletion order; chunks apart."""
+        return tuple(dict.fromkeys(f.digest for f in self.files if f.kind != "chunk"))
+
+    @property
+    def chunks(self) -> Tuple[Digest, ...]:
+        """Chunks (of chunked objects) no remaining recipe names, that would be deleted last."""
+        return tuple(f.digest for f in self.files if f.kind == "chunk")
 
     @property
     def warnings(self) -> Tuple[str, ...]:
-        """Provenance records that were malformed or unreadable (each kept nothing extra)."""
-        return tuple(self.live.warnings)
+        """Provenance records that were malformed or unreadable (each kept nothing extra), and unreadable
+        recipes (no chunk is collected then)."""
+        return tuple(self.live.warnings) + self.notes
 
     @property
     def kept(self) -> Mapping[Digest, str]:
@@ -373,46 +414,53 @@ class RemoteGCPlan:
         h = Digest.coerce(digest).hex
         for f in self.files:
             if f.digest.hex == h:
-                what = "an expired manifest version" if f.kind == "version" else "unreferenced"
+                what = {"version": "an expired manifest version", "chunk": "a chunk no remaining recipe names"}.get(
+                    f.kind, "unreferenced")
                 return (f"deleted: {what}, uploaded {human_age(self.created - f.modified)} ago "
                         f"({human_bytes(f.size)} on the remote)")
         if h in self.live.live:
             return "kept: " + self.live.describe(h)
         if h in self.fresh:
             return "kept: " + self._fresh_reason(h)
+        if h in self.kept_chunks:
+            return "kept: a chunk of a chunked object that stays (or uploaded within the grace period)"
         return "not on the remote when planned"
 
     def summary(self) -> str:
         """A few lines for humans."""
         n_versions = sum(1 for f in self.files if f.kind == "version")
+        n_chunks = len(self.chunks)
         lines = [
-            f"{self.remote.describe()}: {len(self.files)} objects ({n_versions} expired manifest versions) "
-            f"would be deleted, freeing {human_bytes(self.freed_bytes)} of {human_bytes(self.total_bytes)}",
-            f"kept: {self.total_objects - len(self.files) - len(self.fresh)} referenced by {len(self.roots)} roots "
+            f"{self.remote.describe()}: {len(self.objects)} objects ({n_versions} expired manifest versions)"
+            + (f" and {n_chunks} chunks" if n_chunks else "")
+            + f" would be deleted, freeing {human_bytes(self.freed_bytes)} of {human_bytes(self.total_bytes)}",
+            f"kept: {self.total_objects - len(self.objects) - len(self.fresh)} referenced by {len(self.roots)} roots "
             f"(pins, heads and their last {self.keep_history} versions), {len(self.fresh)} fresh "
             f"(grace {human_age(self.grace)}, by the server's LastModified)",
         ]
-        lines += [f"warning: {w}" for w in self.live.warnings[:10]]
+        lines += [f"warning: {w}" for w in self.warnings[:10]]
         return "\n".join(lines)
 
     def to_dict(self, *, objects: bool = False) -> Dict[str, Any]:
         """JSON-able form; ``objects=True`` lists every digest with its reason."""
         doc: Dict[str, Any] = {
             "remote": self.remote.describe(),
-            "objects": len(self.files),
+            "objects": len(self.objects),
+            "chunks": len(self.chunks),
             "expired_versions": sum(1 for f in self.files if f.kind == "version"),
             "freed_bytes": self.freed_bytes,
             "total_objects": self.total_objects,
             "total_bytes": self.total_bytes,
-            "kept_referenced": self.total_objects - len(self.files) - len(self.fresh),
+            "kept_referenced": self.total_objects - len(self.objects) - len(self.fresh),
             "kept_fresh": len(self.fresh),
             "keep_history": self.keep_history,
             "grace_seconds": self.grace,
             "roots": {k: str(v) for k, v in self.roots.items()},
-            "warnings": list(self.live.warnings),
+            "warnings": list(self.warnings),
         }
         if objects:
-            doc["delete"] = [{"digest": str(f.digest), "bytes": f.size, "kind": f.kind} for f in self.files]
+            doc["delete"] = [{"digest": str(f.digest), "bytes": f.size, "kind": f.kind, "form": f.form}
+                             for f in self.files]
             doc["kept"] = {str(k): v for k, v in self.kept.items()}
         return doc
 
@@ -425,6 +473,39 @@ class RemoteGCPlan:
         again and any planned object that has become referenced is skipped.
         """
         return _execute(self, timeout=timeout, progress=progress)
+
+
+def _list_remote(rem: Remote) -> Tuple[List[ListedObject], List[ListedObject], List[ListedObject]]:
+    """Whole objects, recipes (chunked objects) and chunks, each with LastModified."""
+    objs = rem.objects
+    return list(objs.iter_listed()), list(objs.iter_listed_under(RECIPES)), list(objs.iter_listed_under(CHUNKS))
+
+
+def _recipe_chunks(rem: Remote, digests: List[Digest]) -> Tuple[Set[str], List[str]]:
+    """Hex of every chunk the recipes of ``digests`` name, and problems (a recipe that cannot be read).
+
+    Read in parallel (one GET each).  A recipe that vanished meanwhile names nothing.
+    """
+    if not digests:
+        return set(), []
+    out: Set[str] = set()
+    problems: List[str] = []
+    objs = S3Objects(rem.connection, rem.prefix)  # reads recipes whatever chunking this Remote object uses
+
+    def one(d: Digest) -> Tuple[Digest, Optional[Set[str]], str]:
+        try:
+            recipe = objs.read_recipe(d)
+        except (CasstoreError, OSError) as e:
+            return d, None, f"{type(e).__name__}: {e}"
+        return d, (set() if recipe is None else {c.digest.hex for c in recipe.chunks}), ""
+
+    with ThreadPoolExecutor(min(16, rem.workers), thread_name_prefix="casstore-gc-recipes") as ex:
+        for d, chunks, err in ex.map(one, digests):
+            if chunks is None:
+                problems.append(f"the recipe of {d} cannot be read ({err}); no chunk is collected this run")
+            else:
+                out |= chunks
+    return out, problems
 
 
 def plan_remote_gc(rem: Remote, *, keep_history: int, grace: float) -> RemoteGCPlan:
@@ -442,40 +523,57 @@ def plan_remote_gc(rem: Remote, *, keep_history: int, grace: float) -> RemoteGCP
     # missed by it; they are simply not candidates, and the closure check confirms a gap before
     # refusing (an object a ref names may have gone up after the listing passed its key).
     with ThreadPoolExecutor(1, thread_name_prefix="casstore-gc-list") as ex:
-        listing = ex.submit(lambda: list(rem.objects.iter_listed()))
+        listing = ex.submit(_list_remote, rem)
         try:
             live = _compute_live(rem, keep_history)
         finally:
-            listed: List[ListedObject] = listing.result()
+            whole, recipes, chunks = listing.result()
     for w in live.warnings:
         log.warning("remote gc: %s", w)
-    _check_closures(rem, live, {o.digest.hex for o in listed})
+    _check_closures(rem, live, {o.digest.hex for o in whole} | {o.digest.hex for o in recipes})
     cutoff = now - grace
     expired = {d.hex for d in live.expired}
     fresh: Dict[str, float] = {}
-    versions: Dict[str, ListedObject] = {}
-    garbage: List[ListedObject] = []
+    versions: Dict[str, List[PlannedDelete]] = {}
+    garbage: List[PlannedDelete] = []
     total = 0
-    for o in listed:
-        total += o.size
-        h = o.digest.hex
-        if h in live.live:
-            continue
-        if o.modified > cutoff:
-            fresh[h] = o.modified
-        elif h in expired:
-            versions[h] = o
-        else:
-            garbage.append(o)
+    for form, listed in (("object", whole), ("recipe", recipes)):
+        for o in listed:
+            total += o.size
+            h = o.digest.hex
+            if h in live.live:
+                continue
+            if o.modified > cutoff:
+                fresh[h] = max(o.modified, fresh.get(h, 0.0))
+                continue
+            pd = PlannedDelete(o.digest, o.size, o.modified, "version" if h in expired else "object", form)
+            if h in expired:
+                versions.setdefault(h, []).append(pd)
+            else:
+                garbage.append(pd)
+    # An object with a fresh form and an old one (whole and chunked) keeps both: it is in use.
+    garbage = [f for f in garbage if f.digest.hex not in fresh]
     # Expired versions first, newest first along each chain (cut the history before what only it names).
-    files = [PlannedDelete(versions[d.hex].digest, versions[d.hex].size, versions[d.hex].modified, "version")
-             for d in live.expired if d.hex in versions]
-    files += [PlannedDelete(o.digest, o.size, o.modified, "object") for o in garbage]
+    files = [pd for d in live.expired if d.hex not in fresh for pd in versions.get(d.hex, ())]
+    files += garbage
+    # Chunks last: a chunk goes when no recipe that stays names it (and it is not fresh itself).
+    going = {f.digest.hex for f in files if f.form == "recipe"}
+    staying = [o.digest for o in recipes if o.digest.hex not in going]
+    kept_chunks, notes = _recipe_chunks(rem, staying)
+    for n in notes:
+        log.warning("remote gc: %s", n)
+    for o in chunks:
+        total += o.size
+        if notes or o.digest.hex in kept_chunks or o.modified > cutoff:
+            kept_chunks.add(o.digest.hex)
+            continue
+        files.append(PlannedDelete(o.digest, o.size, o.modified, "chunk", "chunk"))
     return RemoteGCPlan(
         remote=rem, keep_history=keep_history, grace=float(grace), created=now, files=tuple(files),
-        freed_bytes=sum(f.size for f in files), total_objects=len(listed), total_bytes=total,
-        roots=MappingProxyType(dict(live.roots)), live=live, fresh=MappingProxyType(fresh),
-        present=frozenset(o.digest.hex for o in listed),
+        freed_bytes=sum(f.size for f in files), total_objects=len({o.digest for o in [*whole, *recipes]}),
+        total_bytes=total, roots=MappingProxyType(dict(live.roots)), live=live, fresh=MappingProxyType(fresh),
+        present=frozenset(o.digest.hex for o in [*whole, *recipes]), kept_chunks=frozenset(kept_chunks),
+        known_recipes=frozenset(o.digest.hex for o in recipes), notes=tuple(notes),
     )
 
 
@@ -488,13 +586,14 @@ def _execute(plan: RemoteGCPlan, *, timeout: Optional[float], progress: Optional
     freed = 0
     stale: Set[str] = set()
     waited = 0.0
-    sizes = {f.digest: f.size for f in plan.files}
     if not plan.files:
         return RemoteGCResult((), 0, MappingProxyType({}), MappingProxyType({}), 0.0, (), time.monotonic() - t0)
     enabled = rem.progress if progress is None else progress
-    with Marker(rem, "gc", f"gc of {len(plan.files)} objects") as marker, \
-            Progress(len(plan.files), desc=f"gc {rem.name or rem.url}", unit="objects", enabled=enabled) as bar:
+    objs = S3Objects(rem.connection, rem.prefix)
+    with Marker(rem, "gc", f"gc of {len(plan.files)} keys") as marker, \
+            Progress(len(plan.files), desc=f"gc {rem.name or rem.url}", unit="keys", enabled=enabled) as bar:
         live: Optional[Live] = None
+        protected: Optional[Set[str]] = None  # chunks named by recipes that stay, judged after the roots
         todo = list(plan.files)
         while todo:
             if live is None or not marker.held():
@@ -504,26 +603,46 @@ def _execute(plan: RemoteGCPlan, *, timeout: Optional[float], progress: Optional
                 stale.update(m.key for m in marker.wait_clear(timeout, back_off=False))
                 waited += time.monotonic() - w0
                 live = _compute_live(rem, plan.keep_history)
-            batch, todo = todo[:DELETE_BATCH], todo[DELETE_BATCH:]
-            go = [f.digest for f in batch if f.digest.hex not in live.live]
+                protected = None
+            kind = todo[0].kind == "chunk"
+            n = 0
+            while n < len(todo) and n < DELETE_BATCH and (todo[n].kind == "chunk") == kind:
+                n += 1
+            batch, todo = todo[:n], todo[n:]
+            if kind and protected is None:
+                # Recipes that appeared since the plan (a push's new chunked object) or that a root now
+                # needs again name chunks that must stay; read them under our marker.
+                spared_recipes = [f.digest for f in plan.files if f.form == "recipe" and f.digest.hex in live.live]
+                now_listed = [o.digest for o in objs.iter_listed_under(RECIPES)]
+                new = [d for d in now_listed if d.hex not in plan.known_recipes]
+                protected, problems = _recipe_chunks(rem, spared_recipes + new)
+                if problems:  # a recipe we cannot read may name any chunk: collect none this run
+                    for f in [*batch, *todo]:
+                        skipped[f.digest] = problems[0]
+                    break
+            go = [f for f in batch if f.digest.hex not in (protected if kind and protected is not None else
+                                                            live.live)]
             if not marker.held():  # our marker may have lapsed meanwhile: announce and look again first
                 todo = batch + todo
                 continue
             for f in batch:
-                if f.digest.hex in live.live:
+                if not kind and f.digest.hex in live.live:
                     skipped[f.digest] = "now referenced: " + live.describe(f.digest.hex)
-            errors = rem.objects.delete_many(go)
-            for d in go:
-                if d in errors:
-                    failed[d] = errors[d]
+                elif kind and protected is not None and f.digest.hex in protected:
+                    skipped[f.digest] = "named by a recipe uploaded or needed again since the plan"
+            errors = rem.connection.delete_many(f.key(objs) for f in go)
+            for f in go:
+                err = errors.get(f.key(objs))
+                if err is not None:
+                    failed[f.digest] = err
                 else:
-                    deleted.append(d)
-                    freed += sizes[d]
+                    deleted.append(f.digest)
+                    freed += f.size
             bar.update(len(batch))
     if failed:
         log.warning("remote gc: %d deletes failed (run gc again), e.g. %s", len(failed), next(iter(failed.values())))
-    return RemoteGCResult(tuple(deleted), freed, MappingProxyType(skipped), MappingProxyType(failed), waited,
-                          tuple(sorted(stale)), time.monotonic() - t0)
+    return RemoteGCResult(tuple(dict.fromkeys(deleted)), freed, MappingProxyType(skipped), MappingProxyType(failed),
+                          waited, tuple(sorted(stale)), time.monotonic() - t0)
 
 
 # -- usage ------------------------------------------------------------------------------------
@@ -594,41 +713,65 @@ class RemoteUsage:
 def remote_usage(rem: Remote) -> RemoteUsage:
     """What the remote stores against what its pins and heads (current versions) reference.
 
-    Reads every ref and each current version (verified, bounded), lists the
-    objects once; reads no data object.
+    Reads every ref, each current version (verified, bounded) and the recipe of
+    each live chunked object, and lists the objects, recipes and chunks once;
+    reads no data object.  A chunked object counts its recipe and its chunks
+    (a chunk shared by several live objects once in the totals).
     """
     heads = rem.refs.list("heads")
     pins = rem.refs.list("pins")
-    listed = {o.digest.hex: o.size for o in rem.objects.iter_listed()}
-    rows: List[RemoteNameUsage] = []
-    live: Dict[str, Optional[int]] = {}
-    logical_total = 0
-    for kind, refs in (("pin", pins), ("head", heads)):
-        for name, d in refs.items():
+    whole_l, recipes_l, chunks_l = _list_remote(rem)
+    listed = {o.digest.hex: o.size for o in whole_l}
+    recipe_size = {o.digest.hex: o.size for o in recipes_l if o.digest.hex not in listed}
+    chunk_size = {o.digest.hex: o.size for o in chunks_l}
+    names: List[Tuple[str, str, Digest, List[Tuple[str, str, Optional[int]]]]] = []
+    for kind, named in (("pin", pins), ("head", heads)):
+        for name, d in named.items():
             try:
                 with RemoteVersions(rem, ahead_bytes=0) as view:  # current versions only: nothing to read ahead
-                    doc = load_manifest(view, d)
-                    rows_refs = list(version_refs(doc, set()))
+                    names.append((name, kind, d, list(version_refs(load_manifest(view, d), set()))))
             except (ObjectNotFoundError, IntegrityError, StoreFormatError) as e:
                 raise type(e)(f"{rem.describe()}: {kind} {name!r}: {e}") from None
-            live.setdefault(d.hex, None)
-            objs: Dict[str, int] = {}
-            entries = logical = missing = 0
-            for key, h, size in rows_refs:
-                live.setdefault(h, size)
-                if not key:  # a tree node: stored, not an entry
-                    continue
-                entries += 1
-                logical += size if size is not None else listed.get(h, 0)
-                if h not in objs:
-                    if h in listed:
-                        objs[h] = listed[h]
-                    else:
-                        objs[h] = 0
-                        missing += 1
-            logical_total += logical
-            rows.append(RemoteNameUsage(name, kind, d, entries, logical, len(objs), sum(objs.values()), missing))
-    live_stored = sum(listed[h] for h in live if h in listed)
-    stored = sum(listed.values())
-    return RemoteUsage(rem.describe(), len(listed), stored, logical_total, len(live), live_stored,
-                       sum(1 for h in live if h not in listed), stored - live_stored, tuple(rows))
+    chunked = sorted({h for _n, _k, _d, items in names for _key, h, _s in items if h in recipe_size})
+    chunks_of: Dict[str, Set[str]] = {}
+    if chunked:
+        objs = S3Objects(rem.connection, rem.prefix)
+        with ThreadPoolExecutor(min(16, rem.workers), thread_name_prefix="casstore-du-recipes") as ex:
+            for h, recipe in zip(chunked, ex.map(lambda x: objs.read_recipe(Digest(x)), chunked), strict=True):
+                chunks_of[h] = set() if recipe is None else {c.digest.hex for c in recipe.chunks}
+
+    def stored_of(hexes: Set[str]) -> Tuple[int, int]:
+        """(bytes stored for these objects, each chunk once; how many are missing)."""
+        total = missing = 0
+        chunks: Set[str] = set()
+        for h in hexes:
+            if h in listed:
+                total += listed[h]
+            elif h in recipe_size:
+                total += recipe_size[h]
+                chunks |= chunks_of.get(h, set())
+            else:
+                missing += 1
+        return total + sum(chunk_size.get(c, 0) for c in chunks), missing
+
+    rows: List[RemoteNameUsage] = []
+    live: Set[str] = set()
+    logical_total = 0
+    for name, kind, d, items in names:
+        live.add(d.hex)
+        objs_h: Set[str] = set()
+        entries = logical = 0
+        for key, h, size in items:
+            live.add(h)
+            if not key:  # a tree node: stored, not an entry
+                continue
+            entries += 1
+            logical += size if size is not None else listed.get(h, 0)
+            objs_h.add(h)
+        stored_b, missing = stored_of(objs_h)
+        logical_total += logical
+        rows.append(RemoteNameUsage(name, kind, d, entries, logical, len(objs_h), stored_b, missing))
+    live_stored, live_missing = stored_of(live)
+    stored = sum(listed.values()) + sum(o.size for o in recipes_l) + sum(chunk_size.values())
+    return RemoteUsage(rem.describe(), len(set(listed) | set(recipe_size)), stored, logical_total, len(live),
+                       live_stored, live_missing, stored - live_stored, tuple(rows))
