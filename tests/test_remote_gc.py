@@ -436,3 +436,50 @@ def test_cli_gc_and_du_remote_json(tmp_path: Path, remote: casstore.Remote, seaw
     assert r.returncode == 0 and "live names reference" in r.stdout
     r = cli("gc", "--remote", "origin", "--max-size", "1G", store=a.root)
     assert r.returncode != 0 and "--max-size" in r.stderr
+
+
+# -- chunked objects (issue 16): recipes are objects, chunks go when no remaining recipe names them ----
+
+
+def test_chunked_objects_recipes_and_unshared_chunks_are_collected(tmp_path: Path, seaweed: Any,
+                                                                    remote_url: str) -> None:
+    from casstore.objects.chunking import Chunking
+
+    rem = casstore.Remote(remote_url, endpoint_url=seaweed.endpoint, progress=False,
+                          chunking=Chunking(min_object=1 << 20, avg_size=64 * 1024, min_size=16 * 1024,
+                                            max_size=256 * 1024))
+    a = casstore.open(tmp_path / "a")
+    old = bytearray(os.urandom(3 << 20))
+    with a.edit("big") as m:
+        m["w"] = d_old = a.put(bytes(old))
+    a.push(rem, "big")
+    old[1 << 20:(1 << 20) + 10] = b"0123456789"  # a few changed bytes: most chunks shared
+    with a.edit("big") as m:
+        m["w"] = d_new = a.put(bytes(old))
+    a.push(rem, "big")
+    objs = rem.objects
+
+    def keys(kind: str) -> Set[str]:
+        pre = f"{split_url(rem.url)[1]}{kind}/"
+        return {k[len(pre):].replace("/", "") for k in remote_listing(seaweed.client(), rem.url) if k.startswith(pre)}
+
+    recipe_old, recipe_new = objs.read_recipe(d_old), objs.read_recipe(d_new)
+    assert recipe_old is not None and recipe_new is not None
+    new_chunks = {c.digest.hex for c in recipe_new.chunks}
+    only_old = {c.digest.hex for c in recipe_old.chunks} - new_chunks
+    assert only_old and len(only_old) < len(recipe_old.chunks)  # shared chunks exist, and exclusive ones
+    assert keys("recipes") == {d_old.hex, d_new.hex}
+    plan = a.plan_gc(keep_history=0, grace=0, remote=rem)
+    assert d_old in plan.objects and d_new not in plan.objects
+    assert {c.hex for c in plan.chunks} == only_old
+    assert plan.why(next(iter(recipe_new.chunks)).digest).startswith("kept: a chunk")
+    res = plan.execute()
+    assert not res.failed and not res.skipped
+    assert keys("recipes") == {d_new.hex}
+    assert keys("chunks") == new_chunks
+    b = casstore.open(tmp_path / "b")
+    b.pull(rem, "big")
+    assert b.get(b.manifest("big")["w"].digest) == bytes(old)
+    du = casstore.open(tmp_path / "c").remote_usage(rem)
+    assert du.other_bytes == 0 and du.live_missing == 0
+    assert du.live_stored_bytes == du.stored_bytes
