@@ -303,14 +303,19 @@ def test_push_whose_marker_lapsed_rechecks_its_closure(tmp_path: Path, remote: c
 PUSHER = r"""
 import json, os, random, sys, time
 import casstore, casstore._faults
-root, url, endpoint, me, rounds, stop = sys.argv[1:7]
+from casstore.objects.chunking import Chunking
+root, url, endpoint, me, rounds, stop, chunked = sys.argv[1:8]
 rng = random.Random(int(me))
+# chunked: the pool objects are stored as recipes + chunks on the remote (issue 16), so the deduped
+# pieces a push counts on are recipes and chunks.
+chunking = Chunking(min_object=1 << 20, avg_size=64 << 10, min_size=16 << 10, max_size=256 << 10)
+pool_size = (1 << 20) + 4096 if chunked == "1" else 200
 # Widen the window between "the remote has it, skip it" and the ref write: this is where a gc
 # that does not wait for pushes would delete a deduped object.
 casstore._faults.hook = lambda p: time.sleep(rng.random() * 0.15) if p == "remote.before-refs" else None
 store = casstore.open(root, durable=False)
-rem = casstore.Remote(url, endpoint_url=endpoint, progress=False, workers=4)
-pool = [store.put(b"pool %s %d " % (me.encode(), k) + os.urandom(200)) for k in range(3)]
+rem = casstore.Remote(url, endpoint_url=endpoint, progress=False, workers=4, chunking=chunking)
+pool = [store.put(b"pool %s %d " % (me.encode(), k) + os.urandom(pool_size)) for k in range(3)]
 pins = []
 for r in range(int(rounds)):
     with store.edit(f"h{me}") as m:
@@ -343,8 +348,51 @@ print(json.dumps({"runs": runs, "deleted": deleted, "skipped": skipped}))
 """
 
 
+def closures_on_remote(client: Any, url: str) -> Tuple[Dict[str, str], Set[str], Set[str], Set[str]]:
+    """Like check_remote_consistent, but an entry may be stored chunked: its recipe and every chunk it
+    names must be there, and the reassembled bytes must hash to the entry.  Returns the refs and the
+    objects/, recipes/ and chunks/ keys (as hex) the refs' closures need."""
+    import blake3
+    import msgpack
+
+    from casstore.objects.chunking import decode_recipe
+
+    bucket, prefix = split_url(url)
+    keys = remote_listing(client, url)
+    get = lambda key: client.get_object(Bucket=bucket, Key=key)["Body"].read()  # noqa: E731
+    fan = lambda kind, h: f"{prefix}{kind}/{h[:2]}/{h[2:]}"  # noqa: E731
+    refs: Dict[str, str] = {}
+    need_o: Set[str] = set()
+    need_r: Set[str] = set()
+    need_c: Set[str] = set()
+    for key in keys:
+        if not key.startswith(prefix + "refs/"):
+            continue
+        v = get(key).decode().strip()[len("blake3:"):]
+        refs[key[len(prefix + "refs/"):]] = "blake3:" + v
+        assert fan("objects", v) in keys, f"{key}: version {v} missing"
+        need_o.add(v)
+        for entry in msgpack.unpackb(get(fan("objects", v)), raw=False)["entries"].values():
+            h = entry[0].hex()
+            if fan("objects", h) in keys:
+                assert blake3.blake3(get(fan("objects", h))).hexdigest() == h
+                need_o.add(h)
+                continue
+            assert fan("recipes", h) in keys, f"{key}: entry {h} missing (neither whole nor chunked)"
+            need_r.add(h)
+            recipe = decode_recipe(get(fan("recipes", h)), casstore.Digest(h), "test")
+            data = b""
+            for c in recipe.chunks:
+                assert fan("chunks", c.digest.hex) in keys, f"{key}: chunk {c.digest.hex} of {h} missing"
+                need_c.add(c.digest.hex)
+                data += get(fan("chunks", c.digest.hex))
+            assert blake3.blake3(data).hexdigest() == h
+    return refs, need_o, need_r, need_c
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
 def test_gc_racing_four_pushers_never_leaves_a_dangling_ref(tmp_path: Path, remote: casstore.Remote,
-                                                            seaweed: Any) -> None:
+                                                            seaweed: Any, chunked: bool) -> None:
     n, rounds = 4, 12
     stop = tmp_path / "stop"
     gc_store = casstore.open(tmp_path / "gc")
@@ -352,7 +400,7 @@ def test_gc_racing_four_pushers_never_leaves_a_dangling_ref(tmp_path: Path, remo
                                   seaweed.endpoint, str(stop)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)
     pushers = [subprocess.Popen([sys.executable, "-c", PUSHER, str(tmp_path / f"s{i}"), remote.url,
-                                 seaweed.endpoint, str(i), str(rounds), str(stop)],
+                                 seaweed.endpoint, str(i), str(rounds), str(stop), "1" if chunked else "0"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for i in range(n)]
     pins: List[str] = []
@@ -372,23 +420,25 @@ def test_gc_racing_four_pushers_never_leaves_a_dangling_ref(tmp_path: Path, remo
     stats = json.loads(so.strip().splitlines()[-1])
     assert stats["runs"] >= 2 and stats["deleted"] > 0, stats  # the gc really ran and collected during the race
     # Every ref on the remote names a complete closure (checked with plain boto3, re-hashed).
-    refs = check_remote_consistent(seaweed.client(), remote.url)
+    client = seaweed.client()
+    refs, *_ = closures_on_remote(client, remote.url)
     assert {f"pins/{p}" for p in pins} <= set(refs) and len(pins) == n * (rounds // 4)
     assert {f"heads/h{i}" for i in range(n)} <= set(refs)
-    # Pins survive: each pinned version and its entries are still there.
+    # Pins survive, naming what their machine pinned.
     s0 = casstore.open(tmp_path / "s0")
     for p in (x for x in pins if x.startswith("p0-")):
-        v = s0.pins()[p]
-        assert refs[f"pins/{p}"] == str(v)
+        assert refs[f"pins/{p}"] == str(s0.pins()[p])
     # One last gc: exactly the closures of the refs stay (every expired version and what only it named go).
     gc_store.plan_gc(keep_history=0, grace=0, remote=remote).execute()
-    want: Set[str] = set()
-    reader = casstore.open(tmp_path / "reader")
-    reader.pull(remote)
-    for name, v in {**reader.pins(), **reader.heads()}.items():
-        want.add(v.hex)
-        want |= {e.digest.hex for e in reader.manifest(name).values()}
-    assert set(objects_on(seaweed, remote)) == want
+    refs, need_o, need_r, need_c = closures_on_remote(client, remote.url)
+    bucket, prefix = split_url(remote.url)
+    on: Dict[str, Set[str]] = {"objects": set(), "recipes": set(), "chunks": set()}
+    for key in remote_listing(client, remote.url):
+        kind, _, rest = key[len(prefix):].partition("/")
+        if kind in on:
+            on[kind].add(rest.replace("/", ""))
+    assert on["objects"] == need_o and on["recipes"] == need_r and on["chunks"] == need_c
+    assert bool(need_r) == chunked
     assert marker_keys(seaweed, remote) == []
 
 
