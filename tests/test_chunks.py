@@ -291,3 +291,17 @@ def test_hostile_recipes_are_refused() -> None:
             decode_recipe(data, d, "here")
     with pytest.raises(StoreFormatError, match="upgrade casstore"):
         decode_recipe(bad[3], d, "here")
+
+
+def test_a_manifest_version_stored_as_chunks_is_pulled(tmp_path: Path, rem: casstore.Remote) -> None:
+    a = casstore.open(tmp_path / "a")
+    with a.edit("big-meta") as m:
+        m["f"] = a.put(b"payload")
+        m.meta["notes"] = "n" * (2 * MiB)  # the version object itself is over SMALL.min_object
+    v = a.heads()["big-meta"]
+    assert a.stat(v).size >= SMALL.min_object
+    a.push(rem, "big-meta")
+    assert rem.objects.read_recipe(v) is not None  # the version went up as chunks
+    b = casstore.open(tmp_path / "b")
+    b.pull(rem, "big-meta")
+    assert b.manifest("big-meta").meta["notes"] == "n" * (2 * MiB)

@@ -819,19 +819,32 @@ class S3Objects(ObjectStore):
 
     def read(self, digest: Digest, *, verify: bool = True) -> bytes:
         """The object's bytes, hashed before they are returned unless ``verify=False``."""
-        data = self.read_at_most(digest, None, verify=verify)
+        data = self.read_at_most(digest, None, verify=verify, chunked=True)
         assert data is not None
         return data
 
-    def read_at_most(self, digest: Digest, limit: Optional[int], *, verify: bool = True) -> Optional[bytes]:
+    def read_at_most(self, digest: Digest, limit: Optional[int], *, verify: bool = True,
+                     chunked: bool = False) -> Optional[bytes]:
         """The object's bytes if it holds at most ``limit`` bytes, else ``None`` (no more than that is read).
 
         :class:`ObjectNotFoundError` if absent; :class:`IntegrityError` if the
-        bytes do not hash to ``digest`` (unless ``verify=False``).
+        bytes do not hash to ``digest`` (unless ``verify=False``).  ``chunked``:
+        an object stored as chunks is reassembled in memory too (each chunk and
+        the whole verified); otherwise only a whole object counts (a pull
+        reassembles chunked ones itself, reusing local chunks).
         """
         got = self.connection.get(self.key(digest), limit=limit, action="downloading object")
         if got is None:
-            raise self.missing_error(digest)
+            recipe = self.read_recipe(digest) if chunked else None
+            if recipe is None:
+                raise self.missing_error(digest)
+            if limit is not None and recipe.size > limit:
+                return None
+            data = b"".join(self.read_chunk(c) for c in recipe.chunks)
+            h = hash_bytes(data)
+            if h != digest:
+                raise self.corrupt_error(digest, h, len(data))
+            return data
         if got.data is None:
             return None
         if verify:

@@ -76,7 +76,7 @@ class _PullNodes:
             return got
         if self.local.has(digest):
             return self.local.read(digest, verify=verify)
-        data = self.rem.objects.read_at_most(digest, MAX_NODE_BYTES)  # hashed before it is returned
+        data = self.rem.objects.read_at_most(digest, MAX_NODE_BYTES, chunked=True)  # hashed before it is returned
         if data is None:
             raise StoreFormatError(
                 f"{self.rem.describe()}: manifest tree node {self.rem.objects.url(digest)} is larger than "
@@ -108,7 +108,7 @@ def _remote_versions(store: Store, rem: Remote, d: Digest, *, history: bool,
             doc = load_manifest(objects, cur)
         else:
             try:
-                data = rem.objects.read_at_most(cur, MAX_MANIFEST_BYTES)  # hashed before it is returned
+                data = rem.objects.read_at_most(cur, MAX_MANIFEST_BYTES, chunked=True)  # hashed before it is returned
             except ObjectNotFoundError:
                 if first:
                     raise

@@ -59,7 +59,7 @@ class S3Share:
 
     def read_version(self, digest: Digest) -> ManifestDoc:
         """Version ``digest`` from the remote: bounded, hashed, decoded (hostile content refused)."""
-        data = self.remote.objects.read_at_most(digest, MAX_MANIFEST_BYTES)
+        data = self.remote.objects.read_at_most(digest, MAX_MANIFEST_BYTES, chunked=True)
         if data is None:
             raise StoreFormatError(f"{self.describe()}: manifest version {self.remote.objects.url(digest)} is "
                                    f"larger than {MAX_MANIFEST_BYTES} bytes; refused")
