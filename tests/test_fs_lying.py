@@ -123,9 +123,10 @@ def test_enosys_refuses_flock_and_fcntl_locks(fuse_dir: FuseDir) -> None:
         os.close(b)
 
 
-def _rename_reader(path: str, stop: Any, q: Any) -> None:
+def _rename_reader(path: str, stop: Any, q: Any, ready: Any) -> None:
     """Open and read ``path`` until ``stop``; report (reads, times it was missing)."""
     reads = missing = 0
+    ready.set()
     while not stop.is_set():
         try:
             with open(path, "rb") as f:
@@ -139,11 +140,14 @@ def _rename_reader(path: str, stop: Any, q: Any) -> None:
 def _replace_while_reading(d: Path, n: int) -> Tuple[int, int, float]:
     target = d / "ref"
     target.write_bytes(b"v0")
-    stop, q = SPAWN.Event(), SPAWN.Queue()
-    reader = SPAWN.Process(target=_rename_reader, args=(str(target), stop, q))
+    stop, q, ready = SPAWN.Event(), SPAWN.Queue(), SPAWN.Event()
+    reader = SPAWN.Process(target=_rename_reader, args=(str(target), stop, q, ready))
     reader.start()
     try:
-        time.sleep(0.3)  # the reader is reading
+        # A spawned child imports this module (and casstore) first: on a loaded CI machine that
+        # took longer than the whole replace loop, and the reader never read (CI: reads == 0).
+        assert ready.wait(120), "the reader process did not start"
+        time.sleep(0.1)  # the reader is reading
         t0 = time.monotonic()
         for i in range(1, n + 1):
             new = d / f"ref.{i}.tmp"
