@@ -999,16 +999,15 @@ class LocalObjects(ObjectStore):
         (:class:`~casstore.objects.upstream.RangedReader`; verified, and kept
         locally, only when read in order to the end).
         """
-        loc = self._find(digest)
-        if loc is None and self.upstream is not None and self.upstream.ranged_min is not None:
+        up = self.upstream
+        if up is not None and up.ranged_min is not None and self._find(digest) is None:
             try:
-                size = self.upstream.size(digest)
+                size = up.size(digest)
             except ObjectNotFoundError:
                 raise self._missing(digest) from None
-            if size >= self.upstream.ranged_min:
-                return io.BufferedReader(RangedReader(self.upstream, digest, size, self), buffer_size=_READ_BUFFER)
-        if loc is None:
-            loc = self.locate(digest)
+            if size >= up.ranged_min:
+                return io.BufferedReader(RangedReader(up, digest, size, self), buffer_size=_READ_BUFFER)
+        loc = self.locate(digest)
         fd, st = open_object_file(loc.path, digest)
         try:
             size = self._size(fd, st.st_size, loc, digest)
