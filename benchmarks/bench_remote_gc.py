@@ -26,44 +26,11 @@ for p in (HERE, HERE.parent / "tests"):
         sys.path.insert(0, str(p))
 
 from _harness import Case, Row, bench_dir, interleave, log, median, run_scenarios, summary, time_row  # noqa: E402
+from bench_remote import BUCKET, SharedServer  # noqa: E402
 
 import casstore  # noqa: E402
 
-BUCKET = "casstore-bench"
 WORKERS = 16
-
-
-class _Server:
-    """One SeaweedFS for the module (started lazily, stopped at the end)."""
-
-    srv: Any = None
-    aws_dir: Any = None
-
-    @classmethod
-    def get(cls) -> Any:
-        """The server (started on first use)."""
-        if cls.srv is None:
-            import tempfile
-
-            import _seaweed
-
-            cls.aws_dir = Path(tempfile.mkdtemp(prefix="casstore-bench-aws-"))
-            os.environ.update(_seaweed.aws_env(cls.aws_dir))
-            cls.srv = _seaweed.start_seaweed()
-            cls.srv.client().create_bucket(Bucket=BUCKET)
-        return cls.srv
-
-    @classmethod
-    def stop(cls) -> None:
-        """Stop the server if it runs."""
-        import shutil
-
-        if cls.srv is not None:
-            cls.srv.stop()
-            cls.srv = None
-        if cls.aws_dir is not None:
-            shutil.rmtree(cls.aws_dir, ignore_errors=True)
-            cls.aws_dir = None
 
 
 def bench_plan_remote_gc(quick: bool) -> List[Row]:
@@ -73,7 +40,7 @@ def bench_plan_remote_gc(quick: bool) -> List[Row]:
     n_objects = 20_000 if quick else 100_000
     heads, versions, keys, per_commit = (10, 20, 500, 50) if quick else (10, 100, 500, 50)
     reps = 2 if quick else 3
-    srv = _Server.get()
+    srv = SharedServer.get()
     client = _seaweed.s3_client(srv.endpoint)
     prefix = f"rgc-{uuid.uuid4().hex[:10]}"
     rem = casstore.Remote(f"s3://{BUCKET}/{prefix}", endpoint_url=srv.endpoint, workers=WORKERS, progress=False)
@@ -139,7 +106,7 @@ def run(quick: bool) -> List[Row]:
     try:
         return run_scenarios(SCENARIOS, quick)
     finally:
-        _Server.stop()
+        SharedServer.stop()
 
 
 if __name__ == "__main__":  # python benchmarks/bench_remote_gc.py [--quick]
