@@ -10,12 +10,45 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING, Sequence, Union
 
 from .._progress import human_bytes
 from ..errors import InvalidInputError
 from .common import Add, count_arg, open_from_args, seconds_arg
 
+if TYPE_CHECKING:
+    from ..digest import Digest
+    from ..maintenance import GCPlan, GCResult
+    from ..sync.remote_gc import RemoteGCPlan, RemoteGCResult
+
 __all__ = ["register"]
+
+
+def _report_gc(args: argparse.Namespace, plan: Union[GCPlan, RemoteGCPlan], asked: Sequence[Digest],
+               result: Union[GCResult, RemoteGCResult, None], *, kept: str, failed: int, again: str) -> None:
+    """Print a gc plan (and its result), local or remote alike: one JSON document, or lines for humans."""
+    if args.json:
+        doc = plan.to_dict(objects=args.verbose)
+        doc["dry_run"] = not args.yes
+        if asked:
+            doc["why"] = {str(d): plan.why(d) for d in asked}
+        if result is not None:
+            doc["result"] = result.to_dict()
+        print(json.dumps(doc, indent=2))
+        return
+    print(plan.summary())
+    if args.verbose:
+        for d in plan.objects:
+            print(f"  delete {d}  {plan.why(d)}")
+    for d in asked:
+        print(f"{d}  {plan.why(d)}")
+    if result is not None:
+        print(f"deleted {len(result.deleted)} objects, freed {human_bytes(result.freed_bytes)} "
+              f"in {result.seconds:.1f}s" + (f"; {len(result.skipped)} kept after all ({kept})"
+                                             if result.skipped else "")
+              + (f"; {failed} deletes failed (run again)" if failed else ""))
+    elif not args.yes and plan.files:
+        print(f"dry run: nothing deleted; run `{again}` (same options) to delete")
 
 
 def cmd_gc_remote(args: argparse.Namespace) -> int:
@@ -26,29 +59,10 @@ def cmd_gc_remote(args: argparse.Namespace) -> int:
     plan = store.plan_gc(keep_history=args.keep_history, grace=args.grace, remote=args.remote)
     asked = [plan.resolve(w) for w in args.why]
     result = plan.execute(timeout=args.timeout) if args.yes and plan.files else None
-    if args.json:
-        doc = plan.to_dict(objects=args.verbose)
-        doc["dry_run"] = not args.yes
-        if asked:
-            doc["why"] = {str(d): plan.why(d) for d in asked}
-        if result is not None:
-            doc["result"] = result.to_dict()
-        print(json.dumps(doc, indent=2))
-    else:
-        print(plan.summary())
-        if args.verbose:
-            for d in plan.objects:
-                print(f"  delete {d}  {plan.why(d)}")
-        for d in asked:
-            print(f"{d}  {plan.why(d)}")
-        if result is not None:
-            print(f"deleted {len(result.deleted)} objects, freed {human_bytes(result.freed_bytes)} "
-                  f"in {result.seconds:.1f}s" + (f"; {len(result.skipped)} kept after all (referenced again)"
-                                                 if result.skipped else "")
-                  + (f"; {len(result.failed)} deletes failed (run again)" if result.failed else ""))
-        elif not args.yes and plan.files:
-            print(f"dry run: nothing deleted; run `casstore gc --remote {args.remote} --yes` (same options) to delete")
-    return 1 if result is not None and result.failed else 0
+    failed = len(result.failed) if result is not None else 0
+    _report_gc(args, plan, asked, result, kept="referenced again", failed=failed,
+               again=f"casstore gc --remote {args.remote} --yes")
+    return 1 if failed else 0
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -62,27 +76,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         plan = store.plan_gc(keep_history=args.keep_history, grace=args.grace)
     asked = [store.resolve(w) for w in args.why]  # before execute: why it stays or goes, as planned
     result = plan.execute(timeout=args.timeout) if args.yes and plan.files else None
-    if args.json:
-        doc = plan.to_dict(objects=args.verbose)
-        doc["dry_run"] = not args.yes
-        if asked:
-            doc["why"] = {str(d): plan.why(d) for d in asked}
-        if result is not None:
-            doc["result"] = result.to_dict()
-        print(json.dumps(doc, indent=2))
-    else:
-        print(plan.summary())
-        if args.verbose:
-            for d in plan.objects:
-                print(f"  delete {d}  {plan.why(d)}")
-        for d in asked:
-            print(f"{d}  {plan.why(d)}")
-        if result is not None:
-            print(f"deleted {len(result.deleted)} objects, freed {human_bytes(result.freed_bytes)} "
-                  f"in {result.seconds:.1f}s" + (f"; {len(result.skipped)} kept after all (in use again)"
-                                                 if result.skipped else ""))
-        elif not args.yes and plan.files:
-            print("dry run: nothing deleted; run `casstore gc --yes` (same options) to delete")
+    _report_gc(args, plan, asked, result, kept="in use again", failed=0, again="casstore gc --yes")
     return 0 if plan.met else 1
 
 
