@@ -7,7 +7,10 @@ What moves when a large file changes a little, chunked (the default) vs whole ob
   place, and the same file with 1% of rows appended: bytes pushed for version 2 after version 1,
   and bytes pulled into a store that holds version 1 (targets <= 5% of the file);
 * a float32 "checkpoint" of 64 tensors of 16 MiB (``np.savez``) with 6 tensors changed
-  (target <= 15%).
+  (target <= 15%);
+* fresh data (nothing shared): chunked push and pull of 1 GiB against the whole-object path
+  (target >= 0.8x), and the chunker's own speed on 1 GiB in memory (target >= 1 GB/s), next
+  to one core's BLAKE3 (the hash every chunk needs anyway) and the ``fastcdc`` package (peer).
 
 Bytes are what push and pull report as transferred (chunk bytes for chunked objects); times
 are medians of interleaved rounds, next to the whole-object push/pull of the same version.
@@ -168,7 +171,89 @@ def bench_checkpoint(quick: bool) -> List[Row]:
                      lambda _a, b: _checkpoint(b, 64, tensor, (3, 17, 30, 41, 52, 60)), 0.15, 2 if quick else 3)
 
 
-SCENARIOS = [bench_hdf5_rewrite, bench_hdf5_append, bench_checkpoint]
+def bench_chunker_speed(quick: bool) -> List[Row]:
+    """The chunker alone on fresh bytes in memory, next to one core's BLAKE3 and the fastcdc package."""
+    import blake3
+
+    from casstore.objects.chunking import DEFAULT_CHUNKING as C
+
+    size = (256 if quick else 1024) * MiB
+    buf = memoryview(np.random.default_rng(3).integers(0, 256, size, dtype=np.uint8).tobytes())
+    log(f"chunker on {size // MiB} MiB of fresh bytes")
+    try:
+        import fastcdc  # the peer; from pip (the bench extra)
+    except ImportError:  # pragma: no cover - bench extra not installed
+        fastcdc = None
+    times: dict = {"pyfastcdc": [], "blake3": [], "fastcdc": []}  # type: ignore[type-arg]
+    n_chunks = 0
+    for r in range(4 if quick else 6):
+        t0 = time.perf_counter()
+        n_chunks = sum(1 for _ in C.cut(buf))
+        t1 = time.perf_counter()
+        blake3.blake3(buf).digest()  # one thread: the hash a push does per chunk anyway
+        t2 = time.perf_counter()
+        if fastcdc is not None:
+            sum(1 for _ in fastcdc.fastcdc(buf, C.min_size, C.avg_size, C.max_size, fat=False))
+        t3 = time.perf_counter()
+        if r:  # round 0 warms up
+            times["pyfastcdc"].append(t1 - t0)
+            times["blake3"].append(t2 - t1)
+            times["fastcdc"].append(t3 - t2)
+    gbps = {k: size / median(v) / 1e9 for k, v in times.items() if v and median(v) > 0}
+    rows = [Row("chunking fresh bytes (GB/s), pyfastcdc vs BLAKE3 on one core", gbps["pyfastcdc"], gbps["blake3"],
+                "GB/s", ratio=gbps["pyfastcdc"] / gbps["blake3"], target=">= 1 GB/s",
+                met=gbps["pyfastcdc"] >= 1.0, details={"chunks": n_chunks, "seconds": times})]
+    if fastcdc is not None:
+        rows.append(Row("chunking fresh bytes (GB/s), pyfastcdc vs the fastcdc package", gbps["pyfastcdc"],
+                        gbps["fastcdc"], "GB/s", ratio=gbps["pyfastcdc"] / gbps["fastcdc"]))
+    return rows
+
+
+def bench_fresh(quick: bool) -> List[Row]:
+    """Fresh 1 GiB (nothing shared): chunked push and pull against whole objects."""
+    size = (256 if quick else 1024) * MiB
+    reps = 2 if quick else 3
+    with bench_dir("chunks-fresh") as tmp:
+        log(f"fresh {size // MiB} MiB push and pull, chunked vs whole")
+        client = SharedServer.client()
+        times = {k: [] for k in ("push_chunked", "push_whole", "pull_chunked", "pull_whole")}  # type: ignore[var-annotated]
+        for r in range(reps + 1):  # round 0 warms up (server volumes, page cache)
+            for kind in (("chunked", "whole") if r % 2 == 0 else ("whole", "chunked")):
+                prefix = f"fresh-{uuid.uuid4().hex[:8]}"
+                rem = _remote(prefix, kind == "chunked")
+                f = tmp / "fresh.bin"
+                with open(f, "wb") as out:  # new bytes every round: nothing to dedupe against
+                    rng = np.random.default_rng(1000 + 2 * r + (kind == "whole"))
+                    for _ in range(size // (64 * MiB)):
+                        out.write(rng.integers(0, 256, 64 * MiB, dtype=np.uint8).tobytes())
+                name = f"fresh-{uuid.uuid4().hex[:6]}"
+                src = casstore.open(tmp / f"src-{prefix}", durable=False)
+                with src.edit(name) as m:
+                    m["file"] = d = src.put_path(f)
+                t0 = time.perf_counter()
+                src.push(rem, name)
+                t1 = time.perf_counter()
+                dst = casstore.open(tmp / f"dst-{prefix}", durable=False)
+                t2 = time.perf_counter()
+                dst.pull(rem, name)
+                t3 = time.perf_counter()
+                assert dst.objects.has(d)
+                if r:
+                    times[f"push_{kind}"].append(t1 - t0)
+                    times[f"pull_{kind}"].append(t3 - t2)
+                rmtree(tmp / f"dst-{prefix}")
+                rmtree(tmp / f"src-{prefix}")
+                delete_prefix(client, prefix + "/")
+        rows = []
+        for op in ("push", "pull"):
+            tc, tw = median(times[f"{op}_chunked"]), median(times[f"{op}_whole"])
+            rows.append(Row(f"fresh {size // MiB} MiB {op} (MiB/s), chunked vs whole objects", size / MiB / tc,
+                            size / MiB / tw, "MiB/s", ratio=tw / tc, target=">= 0.8x", met=tw / tc >= 0.8,
+                            details={"chunked_s": times[f"{op}_chunked"], "whole_s": times[f"{op}_whole"]}))
+        return rows
+
+
+SCENARIOS = [bench_chunker_speed, bench_fresh, bench_hdf5_rewrite, bench_hdf5_append, bench_checkpoint]
 
 
 def run(quick: bool) -> List[Row]:

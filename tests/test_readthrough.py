@@ -5,7 +5,7 @@ Against a real SeaweedFS server (tests/_seaweed.py), real processes.  Contracts:
 * every read path (get, open, path, get_array, open_hdf5, checkout, IndexCache.open, manifests)
   fetches a missing object, verified, and keeps it; presence checks (``has``) never fetch;
 * many processes reading the same missing objects at once download each exactly once
-  (requests counted by boto3's event hook, summed across the processes);
+  (requests counted by the remote's connection, lean GETs included, summed across the processes);
 * a tampered remote object is refused exactly as by pull, and nothing of it is kept;
 * ``open()`` of a large missing object fetches only the ranges read; a full in-order read is
   verified (IntegrityError before the last bytes if the remote lies) and brings the object home;

@@ -65,7 +65,7 @@ from .._fs import (
     syncfs,
 )
 from .._fsprobe import mount_of, overlay_upper, syncfs_trusted
-from .._layout import BAD, LOCKS, OBJECTS, is_fanout, object_path
+from .._layout import BAD, LOCKS, OBJECTS, is_fanout, object_path, object_relpath
 from .._lock import FileLock
 from ..codecs import CODECS, RAW, ZSTD, Codec, CompressArg, file_sample_pays, normalize_compress, sample_pays
 from ..digest import Digest, HashBeside, hash_bytes, hash_fd, new_hasher, parse_prefix
@@ -317,6 +317,7 @@ class LocalObjects(ObjectStore):
                  compress: CompressArg = None) -> None:
         self.root = root
         """The store root (objects live under ``root/objects``)."""
+        self._root_s = str(root)
         self.tmp = tmp
         """The staging directory (same filesystem: publishing is a rename)."""
         self.durable = durable
@@ -346,10 +347,14 @@ class LocalObjects(ObjectStore):
     # -- locating --
 
     def _find(self, d: Digest) -> Optional[Located]:
+        # Strings, not Paths: this runs for every read (pathlib joins cost more than the lstat).
         for codec in CODECS:
-            p = object_path(self.root, d, codec)
-            if os.path.lexists(p):
-                return Located(str(p), codec)
+            p = f"{self._root_s}/{object_relpath(d, codec)}"
+            try:
+                os.lstat(p)
+            except OSError:  # missing (or ENOTDIR, EACCES: as os.path.lexists says, not here)
+                continue
+            return Located(p, codec)
         return None
 
     def locate(self, d: Digest) -> Located:
@@ -384,11 +389,15 @@ class LocalObjects(ObjectStore):
         (objects/upstream.py).  :class:`ObjectNotFoundError` if the upstream
         lacks it too; :class:`IntegrityError` (nothing kept) if its bytes are wrong.
         """
+        return self._fetch(d, False)[0]
+
+    def _fetch(self, d: Digest, want_bytes: bool) -> Tuple[bool, Optional[bytes]]:
+        """:meth:`fetch`; with ``want_bytes``, also the verified bytes when the upstream returned them."""
         up = self.upstream
         if up is None:
             raise self._missing(d)
         if self._find(d) is not None:
-            return False
+            return False, None
         # No heartbeat thread: starting and joining one per object cost more than the GET of a 64 KiB
         # object on a loaded machine.  The lock only saves duplicate downloads (publishing is
         # create-only), so a waiter that sees no end after FETCH_WAIT seconds (a stopped holder, a
@@ -402,15 +411,17 @@ class LocalObjects(ObjectStore):
             lock = None
         try:
             if self._find(d) is not None:
-                return False  # another reader brought it while we waited
+                return False, None  # another reader brought it while we waited
             try:
+                if want_bytes:
+                    return True, up.fetch_read(d, self)
                 up.fetch_into(d, self)
             except ObjectNotFoundError:
                 raise self._missing(d) from None
         finally:
             if lock is not None:
                 lock.release()
-        return True
+        return True, None
 
     def fetch_many(self, digests: Iterable[Digest], *, workers: int = FETCH_WORKERS) -> int:
         """:meth:`fetch` each missing object of ``digests`` from the upstream, ``workers`` at a time.
@@ -1030,6 +1041,10 @@ class LocalObjects(ObjectStore):
         fetched copy torn by a power loss, bit rot) is moved to ``bad/`` with a
         warning and fetched again, once.
         """
+        if self.upstream is not None and self._find(digest) is None:
+            data = self._fetch(digest, True)[1]
+            if data is not None:
+                return data  # verified by the fetch (a small object: reading the new copy would hash it again)
         try:
             return self._read(digest, verify)
         except IntegrityError as e:

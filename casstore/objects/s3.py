@@ -73,6 +73,7 @@ from ..errors import (
 )
 from .base import Buffer, ObjectInfo, ObjectStore
 from .chunking import DEFAULT_CHUNKING, MAX_RECIPE_BYTES, Chunking, ChunkRef, Recipe, decode_recipe
+from .s3lean import LeanBody, LeanGetter
 
 if TYPE_CHECKING:
     import boto3.session
@@ -212,6 +213,8 @@ class S3Connection:
         self._client: Any = None
         self._client_lock = threading.Lock()
         self._count_lock = threading.Lock()
+        self._lean: Optional[LeanGetter] = None
+        self._lean_built = False
 
     # -- messages --
 
@@ -320,9 +323,33 @@ class S3Connection:
         return client
 
     def _count(self, **kwargs: object) -> None:
-        op = str(kwargs.get("event_name", "")).rsplit(".", 1)[-1]
+        self._count_op(str(kwargs.get("event_name", "")).rsplit(".", 1)[-1])
+
+    def _count_op(self, op: str) -> None:
         with self._count_lock:
             self.requests[op] += 1
+
+    @property
+    def lean(self) -> Optional[LeanGetter]:
+        """The lean GET path (:mod:`casstore.objects.s3lean`) of this connection, built on first use;
+        ``None`` where it does not apply (anonymous access)."""
+        self._lean_getter()
+        return self._lean
+
+    def _lean_getter(self) -> Optional[LeanGetter]:
+        """The lean GET path if it applies and has not turned itself off."""
+        if not self._lean_built:
+            client = self._c
+            with self._client_lock:
+                if not self._lean_built:
+                    session = self._session if self._session is not None else _default_session(self.profile)
+                    self._lean = LeanGetter.build(client, session, self.bucket,
+                                                  connect_timeout=self.connect_timeout,
+                                                  read_timeout=self.read_timeout, pool=self.workers * 2 + 8,
+                                                  count=self._count_op)
+                    self._lean_built = True
+        lean = self._lean
+        return lean if lean is not None and lean.enabled else None
 
     def call(self, action: str, key: str, fn: Callable[[], T]) -> T:
         """Run ``fn`` (boto3 calls), translating every boto3/botocore failure (see :meth:`translate`)."""
@@ -388,6 +415,13 @@ class S3Connection:
         """
         from botocore.exceptions import BotoCoreError, ClientError
 
+        lean = self._lean_getter()
+        if lean is not None:
+            got = lean.get(key, limit=limit)
+            if got is None or isinstance(got, LeanBody):
+                if got is None or got.data is None or limit is None or len(got.data) <= limit:
+                    return None if got is None else S3Body(got.data, got.size, got.etag)
+                return S3Body(None, max(got.size, len(got.data)), got.etag)
         try:
             r = self._c.get_object(Bucket=self.bucket, Key=key)
             body = r["Body"]
@@ -419,6 +453,13 @@ class S3Connection:
 
         if length <= 0:
             return b""
+        lean = self._lean_getter()
+        if lean is not None:
+            got = lean.get(key, byte_range=(start, start + length - 1))
+            if got is None:
+                return None
+            if isinstance(got, LeanBody) and got.data is not None:
+                return got.data
         try:
             r = self._c.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{start + length - 1}")
             body = r["Body"]

@@ -6,8 +6,8 @@ docs/remotes.md "Read-through") fetches an object it lacks on the first read
 and the index cache alike: they all find objects through
 :meth:`LocalObjects.locate <casstore.objects.LocalObjects.locate>`), verifies it
 and keeps it.  :class:`Upstream` is the seam: a small protocol with a capability
-(:attr:`Upstream.ranged_min`) and three primitives; ``casstore.sync`` implements
-it on a remote.
+(:attr:`Upstream.ranged_min`), four primitives and defaults built on them;
+``casstore.sync`` implements it on a remote.
 
 Hazards this is built around:
 
@@ -72,6 +72,16 @@ class Upstream(ABC):
         :class:`~casstore.errors.ObjectNotFoundError` if the upstream lacks it,
         :class:`~casstore.errors.IntegrityError` (nothing stored) if its bytes are wrong.
         """
+
+    def fetch_read(self, digest: Digest, dst: LocalObjects) -> Optional[bytes]:
+        """:meth:`fetch_into`, also returning the object's verified bytes if they were held in memory
+        anyway (small objects); ``None``: read the new local copy.
+
+        Saves a read-through ``get`` reading and hashing what it just downloaded
+        and hashed.  The default returns ``None``.
+        """
+        self.fetch_into(digest, dst)
+        return None
 
     @abstractmethod
     def size(self, digest: Digest) -> int:

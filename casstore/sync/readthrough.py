@@ -21,7 +21,7 @@ from ..digest import Digest
 from ..objects import LocalObjects
 from ..objects.upstream import Upstream
 from .remotes import Remote
-from .transfer import download_object
+from .transfer import download_object, download_object_bytes
 
 __all__ = ["RemoteUpstream", "RANGED_MIN"]
 
@@ -75,6 +75,10 @@ class RemoteUpstream(Upstream):
         from 4 processes (benchmarks/bench_readthrough.py).
         """
         return download_object(self.remote.objects, dst, digest, None, durable=False)
+
+    def fetch_read(self, digest: Digest, dst: LocalObjects) -> Optional[bytes]:
+        """:meth:`fetch_into`, returning the bytes of an object small enough to be downloaded into memory."""
+        return download_object_bytes(self.remote.objects, dst, digest, None, durable=False)[1]
 
     def size(self, digest: Digest) -> int:
         """The object's size on the remote (one ``HeadObject``)."""

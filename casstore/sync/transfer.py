@@ -33,7 +33,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_c
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
-from .._fs import Beside, pwrite_all, run_beside
+from .._fs import Beside, Staging, pwrite_all, run_beside
 from ..codecs import RAW
 from ..digest import Digest, hash_bytes, hash_fd
 from ..errors import CasstoreError, IntegrityError, ObjectNotFoundError
@@ -42,8 +42,8 @@ from ..objects.local import LocalObjects, StagedObject
 from ..objects.reader import open_object_file
 from ..objects.s3 import MiB, S3Objects
 
-__all__ = ["TransferReport", "Publisher", "upload_object", "download_object", "run_parallel",
-           "BATCH_OBJECTS", "BATCH_BYTES"]
+__all__ = ["TransferReport", "Publisher", "upload_object", "download_object", "download_object_bytes",
+           "run_parallel", "BATCH_OBJECTS", "BATCH_BYTES"]
 
 BATCH_OBJECTS = 256  # staged files per batch (each holds an open fd until published)
 BATCH_BYTES = 256 * MiB
@@ -270,13 +270,24 @@ def download_object(src: S3Objects, dst: LocalObjects, d: Digest, size_hint: Opt
     store already holds (the local chunk index) are read locally, the rest are
     downloaded, each verified by its name, and the whole by its digest.
     """
+    return download_object_bytes(src, dst, d, size_hint, publisher, durable=durable)[0]
+
+
+def download_object_bytes(src: S3Objects, dst: LocalObjects, d: Digest, size_hint: Optional[int],
+                          publisher: Optional[Publisher] = None, *,
+                          durable: Optional[bool] = None) -> Tuple[int, Optional[bytes]]:
+    """:func:`download_object`, also returning the object's verified bytes when they were downloaded
+    into memory (a whole object below the multipart threshold; ``None`` otherwise).
+
+    Read-through ``get`` hands them to the caller instead of reading and hashing the new local copy again.
+    """
     try:
         return _download_whole(src, dst, d, size_hint, publisher, durable)
     except ObjectNotFoundError:
         recipe = src.read_recipe(d)
         if recipe is None:
             raise
-    return _download_chunked(src, dst, recipe, size_hint, publisher, durable)
+    return _download_chunked(src, dst, recipe, size_hint, publisher, durable), None
 
 
 def _local_chunk(dst: LocalObjects, where: Optional[Tuple[Digest, int, int]], c: ChunkRef) -> Optional[bytes]:
@@ -323,13 +334,7 @@ def _download_chunked(src: S3Objects, dst: LocalObjects, recipe: Recipe, size_hi
         got = hash_fd(st.fd, recipe.size)
         if got != d:
             raise src.corrupt_error(d, got, recipe.size)
-        if dst.level_for(None) is not None:
-            dst.put_path(st.path)  # compressed as the store's default says (re-hashed, durable)
-            st.abort()
-        elif publisher is not None:
-            publisher.add(StagedObject(st, d, RAW), recipe.size)
-        else:
-            dst.publish(st, d, RAW, durable=durable)
+        _publish_staged(dst, st, d, recipe.size, publisher, durable)
     except BaseException:
         st.abort()
         raise
@@ -337,8 +342,21 @@ def _download_chunked(src: S3Objects, dst: LocalObjects, recipe: Recipe, size_hi
     return fetched
 
 
+def _publish_staged(dst: LocalObjects, st: Staging, d: Digest, size: int, publisher: Optional[Publisher],
+                    durable: Optional[bool]) -> None:
+    """Publish a verified raw staging file: recompressed as the store's default says, handed to the
+    batch ``publisher``, or published at once."""
+    if dst.level_for(None) is not None:
+        dst.put_path(st.path)  # compressed as the store's default says (re-hashed, durable)
+        st.abort()
+    elif publisher is not None:
+        publisher.add(StagedObject(st, d, RAW), size)
+    else:
+        dst.publish(st, d, RAW, durable=durable)
+
+
 def _download_whole(src: S3Objects, dst: LocalObjects, d: Digest, size_hint: Optional[int],
-                    publisher: Optional[Publisher], durable: Optional[bool]) -> int:
+                    publisher: Optional[Publisher], durable: Optional[bool]) -> Tuple[int, Optional[bytes]]:
     """Download one whole (unchunked) object (see :func:`download_object`).
 
     The bytes are hashed before anything is written under ``objects/``: a
@@ -361,7 +379,7 @@ def _download_whole(src: S3Objects, dst: LocalObjects, d: Digest, size_hint: Opt
                     dst.publish(staged.staging, d, staged.codec, durable=durable)
                 finally:
                     staged.staging.abort()  # no-op once published
-            return len(data)
+            return len(data), data
         if size_hint is not None:
             raise _too_large(src, d, size_hint, size_hint + 1)
     else:
@@ -379,15 +397,8 @@ def _download_whole(src: S3Objects, dst: LocalObjects, d: Digest, size_hint: Opt
         got = hash_fd(st.fd, size)
         if got != d:
             raise src.corrupt_error(d, got, size)
-        if dst.level_for(None) is not None:
-            dst.put_path(st.path)  # compressed as the store's default says (re-hashed, durable)
-            st.abort()
-            return size
-        if publisher is not None:
-            publisher.add(StagedObject(st, d, RAW), size)
-            return size
-        dst.publish(st, d, RAW, durable=durable)
-        return size
+        _publish_staged(dst, st, d, size, publisher, durable)
+        return size, None
     except BaseException:
         st.abort()
         raise
