@@ -155,9 +155,13 @@ def parse_prefix(text: str) -> str:
     return body
 
 
-def hash_bytes(data: Buffer) -> Digest:
-    """Return the digest of an in-memory buffer."""
-    h = new_hasher(threaded=len(data) >= _MT_THRESHOLD)
+def hash_bytes(data: Buffer, *, threaded: Optional[bool] = None) -> Digest:
+    """Return the digest of an in-memory buffer.
+
+    ``threaded``: use BLAKE3's thread pool (default: for buffers of 1 MiB and
+    more).  Callers already running on many threads pass ``False``.
+    """
+    h = new_hasher(threaded=len(data) >= _MT_THRESHOLD if threaded is None else threaded)
     h.update(data)
     return Digest(h.hexdigest())
 

@@ -309,3 +309,29 @@ def test_a_manifest_version_stored_as_chunks_is_pulled(tmp_path: Path, rem: cass
     b = casstore.open(tmp_path / "b")
     b.pull(rem, "big-meta")
     assert b.manifest("big-meta").meta["notes"] == "n" * (2 * MiB)
+
+
+def test_push_replaces_empty_keys_a_killed_put_left(tmp_path: Path, seaweed: Any, remote_url: str) -> None:
+    """SeaweedFS keeps a 0-byte object when a client dies mid-PUT (seen with SIGKILLed pushes): the
+    next push must not count such a chunk, recipe or whole object as present, and replaces it."""
+    rem = casstore.Remote(remote_url, endpoint_url=seaweed.endpoint, progress=False, chunking=SMALL)
+    a = casstore.open(tmp_path / "a")
+    big, small = random.Random(30).randbytes(3 * MiB), random.Random(31).randbytes(5000)
+    with a.edit("x") as m:
+        m["big"] = d_big = a.put(big)
+        m["small"] = d_small = a.put(small)
+    recipe = SMALL.recipe(d_big, memoryview(big))
+    client = seaweed.client()
+    for key in (rem.objects.chunk_key(recipe.chunks[1].digest), rem.objects.recipe_key(d_big),
+                rem.objects.key(d_small)):
+        client.put_object(Bucket=BUCKET, Key=key, Body=b"")  # what a cut-off PUT left behind
+    a.push(rem, "x")
+    assert _no_recipe_names_a_missing_chunk(seaweed, rem) == 1
+    b = casstore.open(tmp_path / "b")
+    b.pull(rem, "x")
+    assert b.get(d_big) == big and b.get(d_small) == small
+    # A chunk cut off to a few bytes, seen by a pusher of the same object before any recipe names it.
+    key = rem.objects.chunk_key(recipe.chunks[0].digest)
+    client.put_object(Bucket=BUCKET, Key=key, Body=b"cut")
+    rem.objects.upload_chunked(recipe, memoryview(big))
+    assert client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == big[:recipe.chunks[0].length]

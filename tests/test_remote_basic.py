@@ -209,9 +209,13 @@ def test_objects_are_create_only(seaweed: Any, remote: casstore.Remote) -> None:
     assert remote.objects.write(d, data) is True
     assert remote.objects.write(d, data) is False  # 412: already there, which is success
     key = remote.objects.key(d)
-    client.put_object(Bucket=BUCKET, Key=key, Body=b"tampered")
-    assert remote.objects.write(d, data) is False  # If-None-Match: the existing key is never overwritten
-    assert client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == b"tampered"
+    client.put_object(Bucket=BUCKET, Key=key, Body=b"the fake content")  # same size: cannot be told apart
+    assert remote.objects.write(d, data) is False  # If-None-Match: the existing key is not overwritten
+    assert client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == b"the fake content"
+    # Another size is a damaged copy (a PUT cut off on a server that kept what it got): replaced.
+    client.put_object(Bucket=BUCKET, Key=key, Body=b"")
+    assert remote.objects.write(d, data) is True
+    assert client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == data
     # Multipart completion is create-only too.
     big = os.urandom(11 * MiB)
     db = casstore.Digest.of(big)

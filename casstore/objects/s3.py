@@ -20,7 +20,10 @@ Hazards:
 * Objects are uploaded **create-only** (``If-None-Match: *``, multipart
   completions too, by a botocore hook).  A 412 answer means the key exists;
   as the key is the digest of the content, that is success -- and a key that
-  holds other bytes (tampering) is never silently overwritten by a push.
+  holds other bytes of the same size is never overwritten by a push.  A key of
+  another size is a damaged copy (SeaweedFS keeps a 0-byte object when a
+  client dies mid-PUT): listings with sizes do not count it and
+  :meth:`S3Objects.put_content` replaces it, with a warning.
   ``409 ConditionalRequestConflict`` (AWS: another conditional write to the
   key is in flight) is retried with back-off, then treated like a 412.
 * A server may serve anything under a key.  Every verified read hashes what
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import io
+import logging
 import os
 import threading
 import time
@@ -52,6 +56,7 @@ from typing import (
     Iterable,
     Iterator,
     List,
+    Mapping,
     Optional,
     Set,
     Tuple,
@@ -74,6 +79,8 @@ from ..errors import (
 from .base import Buffer, ObjectInfo, ObjectStore
 from .chunking import DEFAULT_CHUNKING, MAX_RECIPE_BYTES, Chunking, ChunkRef, Recipe, decode_recipe
 from .s3lean import LeanBody, LeanGetter
+
+log = logging.getLogger("casstore.remote")
 
 if TYPE_CHECKING:
     import boto3.session
@@ -935,18 +942,28 @@ class S3Objects(ObjectStore):
                                    f"{MAX_RECIPE_BYTES} bytes; refused, nothing was stored")
         return decode_recipe(got.data, digest, self.connection.s3_url(key))
 
-    def read_chunk(self, c: ChunkRef) -> bytes:
-        """One chunk's bytes, verified against its name (:class:`IntegrityError`: nothing to keep)."""
+    def read_chunk(self, c: ChunkRef, *, verify: bool = True) -> bytes:
+        """One chunk's bytes (exactly its length), verified against its name unless ``verify=False``
+        (:class:`IntegrityError`: nothing to keep).
+
+        ``verify=False`` is for callers that hash the whole object they reassemble
+        and name a bad chunk with :meth:`bad_chunk_error` when it does not match.
+        """
         key = self.chunk_key(c.digest)
         got = self.connection.get(key, limit=c.length, action="downloading chunk")
         if got is None:
             raise ObjectNotFoundError(f"{self.connection.where} has no chunk {c.digest} (key "
                                       f"{self.connection.s3_url(key)}); push the object again")
-        if got.data is None or len(got.data) != c.length or hash_bytes(got.data) != c.digest:
-            raise IntegrityError(f"{self.connection.where}: chunk {self.connection.s3_url(key)} is corrupt (not "
-                                 f"the {c.length} bytes named {c.digest}); nothing was stored. Delete it and push "
-                                 "the object again from a good copy")
+        if got.data is None or len(got.data) != c.length or (
+                verify and hash_bytes(got.data, threaded=False) != c.digest):
+            raise self.bad_chunk_error(c)
         return got.data
+
+    def bad_chunk_error(self, c: ChunkRef) -> IntegrityError:
+        """The error for a chunk whose bytes are not the ones its name says."""
+        return IntegrityError(f"{self.connection.where}: chunk {self.connection.s3_url(self.chunk_key(c.digest))} "
+                              f"is corrupt (not the {c.length} bytes named {c.digest}); nothing was stored. Delete "
+                              "it and push the object again from a good copy")
 
     def upload_chunked(self, recipe: Recipe, buf: memoryview, *, executor: Optional[Executor] = None) -> int:
         """Upload the chunks of ``recipe`` (the bytes of ``buf``) the remote lacks, then the recipe.
@@ -954,22 +971,40 @@ class S3Objects(ObjectStore):
         Create-only throughout; the recipe goes last, so a recipe never names a
         missing chunk.  Returns the chunk bytes uploaded.
         """
-        have = self.listed(CHUNKS, {c.digest for c in recipe.chunks}, executor=executor)
+        lengths = {c.digest: c.length for c in recipe.chunks}
+        have = self.listed(CHUNKS, lengths, executor=executor, size_ok=lambda d, n: lengths.get(d, n) == n)
         todo: Dict[Digest, ChunkRef] = {}
         for c in recipe.chunks:
             if c.digest not in have:
                 todo.setdefault(c.digest, c)
 
         def send(c: ChunkRef) -> int:
-            self.connection.put(self.chunk_key(c.digest), bytes(buf[c.offset:c.offset + c.length]),
-                                create_only=True, action="uploading chunk")
+            self.put_content(self.chunk_key(c.digest), bytes(buf[c.offset:c.offset + c.length]),
+                             action="uploading chunk")
             return c.length
 
         items = list(todo.values())
         sent = sum(executor.map(send, items)) if executor is not None and len(items) > 1 else sum(map(send, items))
-        self.connection.put(self.recipe_key(recipe.digest), recipe.encode(), create_only=True,
-                            action="uploading recipe")
+        self.put_content(self.recipe_key(recipe.digest), recipe.encode(), action="uploading recipe")
         return sent
+
+    def put_content(self, key: str, body: bytes, *, action: str) -> bool:
+        """PUT a content-addressed ``body`` create-only; ``False`` if the key held it already.
+
+        A key already there with another size is a damaged copy (a PUT cut off
+        on a server that keeps what it got; see :meth:`listed`): as the key
+        names the content, replacing it with ``body`` is safe, and it is.
+        """
+        if self.connection.put(key, body, create_only=True, action=action) is not None:
+            return True
+        there = self.connection.head(key)
+        if there is not None and there[0] == len(body):
+            return False
+        log.warning("%s: %s held %s bytes, not the %d its name says (a PUT cut off on a server that kept "
+                    "what it got?); replacing it", self.connection.where, self.connection.s3_url(key),
+                    "no" if there is None else there[0], len(body))
+        self.connection.put(key, body, action=action)
+        return True
 
     def write(self, digest: Digest, data: Buffer) -> bool:
         """Upload an object create-only; ``False`` if it was there already (412: same content).
@@ -981,7 +1016,7 @@ class S3Objects(ObjectStore):
         if got != digest:
             raise IntegrityError(f"refusing to store bytes hashing to {got} as object {digest} on "
                                  f"{self.connection.where}")
-        return self.connection.put(self.key(digest), body, create_only=True, action="uploading object") is not None
+        return self.put_content(self.key(digest), body, action="uploading object")
 
     def upload(self, digest: Digest, stream: Readable) -> bool:
         """Upload a large object from a stream, create-only, in parts; ``False`` if it was there.
@@ -1048,18 +1083,28 @@ class S3Objects(ObjectStore):
         """Which of ``digests`` are there (by listing: see :meth:`present`)."""
         return self.present(digests)
 
-    def present(self, digests: Iterable[Digest], *, executor: Optional[Executor] = None) -> Set[Digest]:
+    def present(self, digests: Iterable[Digest], *, executor: Optional[Executor] = None,
+                sizes: Optional[Mapping[Digest, int]] = None) -> Set[Digest]:
         """Which of ``digests`` the remote has, whole or as a recipe of chunks, by listing (never one
-        request per object).  See :meth:`listed`."""
+        request per object).  See :meth:`listed`; with ``sizes``, a whole object of another size, or an
+        empty recipe, does not count (a damaged copy that a push must replace)."""
         want = set(digests)
-        found = self.listed(OBJECTS, want, executor=executor)
+        found = self.listed(OBJECTS, want, executor=executor,
+                            size_ok=None if sizes is None else lambda d, n: sizes.get(d, n) == n)
         rest = want - found
         if rest:  # reading chunked objects needs no chunker: every client finds and reads them
-            found |= self.listed(RECIPES, rest, executor=executor)
+            found |= self.listed(RECIPES, rest, executor=executor,
+                                 size_ok=None if sizes is None else lambda _d, n: n > 0)
         return found
 
-    def listed(self, kind: str, digests: Iterable[Digest], *, executor: Optional[Executor] = None) -> Set[Digest]:
+    def listed(self, kind: str, digests: Iterable[Digest], *, executor: Optional[Executor] = None,
+               size_ok: Optional[Callable[[Digest, int], bool]] = None) -> Set[Digest]:
         """Which of ``digests`` have a key under ``<prefix><kind>/`` (``objects``, ``chunks``, ``recipes``).
+
+        ``size_ok(digest, listed size)``: a key it rejects does not count (a
+        damaged copy: some servers keep an empty or cut-off object when a client
+        dies mid-PUT -- SeaweedFS was seen keeping 0 bytes).  The write that
+        replaces it is :meth:`put_content`.
 
         One ``ListObjectsV2`` page over all of ``objects/`` first: on a small
         remote that is the whole answer.  Otherwise the fan-out prefixes that
@@ -1078,14 +1123,17 @@ class S3Objects(ObjectStore):
         def parse(key: str) -> Optional[Digest]:
             return _parse_fan_key(base, key)
 
+        def fits(d: Digest, size: int) -> bool:
+            return size_ok is None or size_ok(d, size)
+
         found: Set[Digest] = set()
         first_fan = min(want)
         page, truncated = conn.list_page(base, start_after=f"{base}{first_fan}/{min(want[first_fan])[:-1]}")
         last = ""
-        for key, _ in page:
+        for key, size in page:
             last = key
             got_d = parse(key)
-            if got_d is not None:
+            if got_d is not None and fits(got_d, size):
                 found.add(got_d)
         top_fan = max(want)
         if truncated and last < f"{base}{top_fan}/{max(want[top_fan])}":
@@ -1098,9 +1146,9 @@ class S3Objects(ObjectStore):
                 if fan == last_fan:
                     start = max(start, last)
                 got: Set[Digest] = set()
-                for key, _ in conn.list(f"{base}{fan}/", start_after=start, stop_after=f"{base}{fan}/{hi}"):
+                for key, size in conn.list(f"{base}{fan}/", start_after=start, stop_after=f"{base}{fan}/{hi}"):
                     d = parse(key)
-                    if d is not None:
+                    if d is not None and fits(d, size):
                         got.add(d)
                 return got
 
@@ -1114,3 +1162,4 @@ class S3Objects(ObjectStore):
 
     def __repr__(self) -> str:
         return f"S3Objects('s3://{self.connection.bucket}/{self.prefix}')"
+

@@ -133,6 +133,7 @@ def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = Fa
         # 2. The closures: version chains (heads carry their history) and entry objects.
         chains: Dict[Digest, List[Digest]] = {}
         content: Set[Digest] = set()
+        expected: Dict[Digest, int] = {}  # sizes the entries record: a remote key of another size is damaged
         nodes_seen: Set[bytes] = set()
         for p in plans:
             chain = local_chain(objects, p.digest) if p.kind == "heads" else [p.digest]
@@ -143,8 +144,11 @@ def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = Fa
             # Entries of the version pushed, and the tree nodes of every version of its chain: nodes
             # travel with their versions (a remote version never names a missing node).  A node
             # shared with one already walked is skipped with its subtree (history costs its changes).
-            for _key, h, _size in walk_tree(load_manifest(objects, p.digest).entries, nodes_seen):
-                content.add(Digest(h))
+            for _key, h, size in walk_tree(load_manifest(objects, p.digest).entries, nodes_seen):
+                d = Digest(h)
+                content.add(d)
+                if size is not None:
+                    expected[d] = size
             for v in chain[1:]:
                 entries = load_manifest(objects, v).entries
                 if entries.is_tree:
@@ -154,7 +158,9 @@ def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = Fa
         versions = {v for c in chains.values() for v in c}
         content -= versions
         # 3. What the remote already has: a listing, never one request per object.
-        remote_has = rem.objects.present(content | versions, executor=ex)
+        for v in versions:
+            expected[v] = objects.stat(v).size
+        remote_has = rem.objects.present(content | versions, executor=ex, sizes=expected)
         missing = [d for d in content if d not in remote_has]
         absent = [d for d in missing if not objects.has(d)]
         if absent:
