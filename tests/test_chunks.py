@@ -335,3 +335,36 @@ def test_push_replaces_empty_keys_a_killed_put_left(tmp_path: Path, seaweed: Any
     client.put_object(Bucket=BUCKET, Key=key, Body=b"cut")
     rem.objects.upload_chunked(recipe, memoryview(big))
     assert client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == big[:recipe.chunks[0].length]
+
+
+def test_repeated_chunks_and_a_stale_chunk_index(tmp_path: Path, rem: casstore.Remote) -> None:
+    """Chunks that repeat inside an object are downloaded once and copied; a chunk the local index
+    names in an object that is gone since is downloaded instead (and counted as moved)."""
+    rng = random.Random(40)
+    v1 = rng.randbytes(1 * MiB) + bytes(3 * MiB) + rng.randbytes(1 * MiB)  # zeros: the same chunk, repeated
+    recipe = SMALL.recipe(casstore.Digest.of(v1), memoryview(v1))
+    assert len({c.digest for c in recipe.chunks}) < len(recipe.chunks)
+    a = casstore.open(tmp_path / "a")
+    with a.edit("x") as m:
+        m["f"] = d1 = a.put(v1)
+    a.push(rem, "x")
+    b = casstore.open(tmp_path / "b")
+    rep = b.pull(rem, "x")
+    assert b.get(d1) == v1
+    unique = {c.digest: c.length for c in recipe.chunks}
+    assert rep.bytes == sum(unique.values())  # each distinct chunk moved once
+    # v2 shares most chunks with v1; b's copy of v1 disappears (gc, a hand) but its index entries stay.
+    v2 = v1[:2 * MiB] + rng.randbytes(4096) + v1[2 * MiB:]
+    with a.edit("x") as m:
+        m["f"] = d2 = a.put(v2)
+    a.push(rem, "x")
+    c = casstore.open(tmp_path / "c")
+    c.pull(rem, "x")  # c holds v2: its index names v2's chunks
+    os.chmod(c.objects.locate(d2).path, 0o644)
+    os.unlink(c.objects.locate(d2).path)
+    with a.edit("y") as m:
+        m["f"] = d1
+    a.push(rem, "y")
+    rep = c.pull(rem, "y")  # the index says v1's chunks are in v2, which is gone: all downloaded
+    assert c.get(d1) == v1
+    assert rep.bytes == sum(unique.values())
