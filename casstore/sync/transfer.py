@@ -309,8 +309,8 @@ def _local_chunk(dst: LocalObjects, where: Optional[Tuple[Digest, int, int]], c:
     return data if len(data) == c.length and hash_bytes(data) == c.digest else None
 
 
-CHUNK_WINDOW = 16
-"""Chunks downloaded ahead of the one being written (bounds the memory a chunked pull holds)."""
+CHUNK_WINDOW = 32
+"""Chunks downloaded ahead of the one being hashed (bounds the memory a chunked pull holds)."""
 
 
 def _download_chunked(src: S3Objects, dst: LocalObjects, recipe: Recipe, size_hint: Optional[int],
@@ -341,29 +341,36 @@ def _download_chunked(src: S3Objects, dst: LocalObjects, recipe: Recipe, size_hi
     hasher = new_hasher()
     st = dst.stage("pull")
     try:
-        with ThreadPoolExecutor(min(8, src.connection.workers), thread_name_prefix="casstore-chunks") as ex:
+        def fetch(c: ChunkRef) -> bytes:  # on a worker: download and write in place, in parallel
+            data = src.read_chunk(c, verify=False)
+            pwrite_all(st.fd, data, c.offset)
+            return data
+
+        # Leaving this block waits for every running fetch: none writes to the staging file after it.
+        with ThreadPoolExecutor(min(16, src.connection.workers), thread_name_prefix="casstore-chunks") as ex:
             ahead: Deque[Tuple[ChunkRef, Future[bytes]]] = deque()
             todo = iter(remote)
             written: Dict[Digest, int] = {}  # chunk -> offset in the staging file
             try:
                 for c in recipe.chunks:
                     while len(ahead) < CHUNK_WINDOW and (nxt := next(todo, None)) is not None:
-                        ahead.append((nxt, ex.submit(src.read_chunk, nxt, verify=False)))
+                        ahead.append((nxt, ex.submit(fetch, nxt)))
                     at = written.get(c.digest)
-                    if at is not None:  # a repeat: its bytes are already staged (and verified)
+                    if at is not None:  # a repeat: its bytes are already staged
                         data = os.pread(st.fd, c.length, at)
+                        pwrite_all(st.fd, data, c.offset)
                     elif c.digest in seen:
                         local = _local_chunk(dst, seen[c.digest], c)
                         if local is None:  # gone or changed since it was indexed: download it
                             local = src.read_chunk(c)
                             fetched += c.length
                         data = local
+                        pwrite_all(st.fd, data, c.offset)
                     else:
                         head, fut = ahead.popleft()
                         assert head.digest == c.digest  # remote holds first occurrences in recipe order
-                        data = fut.result()  # its length checked; the whole hash below covers its bytes
+                        data = fut.result()  # written; its length checked, the whole hash covers its bytes
                         fetched += c.length
-                    pwrite_all(st.fd, data, c.offset)
                     hasher.update(data)
                     written.setdefault(c.digest, c.offset)
             except BaseException:
