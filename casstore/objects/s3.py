@@ -33,6 +33,10 @@ Hazards:
   decides, and anything else is ignored.
 * Every call is bounded by botocore's retries (standard mode, ``max_attempts``)
   and the connect/read timeouts: an unreachable server gives a BackendError, never a hang.
+* GETs of objects, ranges and chunks go first through the lean path
+  (:mod:`casstore.objects.s3lean`: half the CPU per request); it takes only
+  ``200``/``206``/``404 NoSuchKey`` and hands anything else back to the client
+  above, so errors, retries and bounds stay the client's.
 """
 
 from __future__ import annotations
