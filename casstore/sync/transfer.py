@@ -306,7 +306,7 @@ def _local_chunk(dst: LocalObjects, where: Optional[Tuple[Digest, int, int]], c:
             os.close(fd)
     except (CasstoreError, OSError):
         return None  # gone or damaged meanwhile: download it instead
-    return data if len(data) == c.length and hash_bytes(data) == c.digest else None
+    return data if len(data) == c.length and hash_bytes(data, threaded=False) == c.digest else None
 
 
 CHUNK_WINDOW = 32
@@ -317,62 +317,61 @@ def _download_chunked(src: S3Objects, dst: LocalObjects, recipe: Recipe, size_hi
                       publisher: Optional[Publisher], durable: Optional[bool]) -> int:
     """Reassemble a chunked object in a staging file, in order, hashing the whole as it goes.
 
-    Chunks the local chunk index names are read locally (verified by their
-    names; fetched if they no longer match); the rest are downloaded
-    :data:`CHUNK_WINDOW` ahead on the client's threads.  Writing and hashing
-    in order overlaps the whole-object hash with the downloads, and that hash
-    is the check: downloaded chunks are not hashed one by one unless it fails,
-    to name the bad chunk (a second pass over a 1 GiB staging file and a
-    hash per chunk cost a third of a chunked pull).
+    Each chunk is brought once, on a pool of threads up to :data:`CHUNK_WINDOW`
+    ahead, and written in place: from a local object the chunk index names
+    (verified by its name; downloaded if it no longer matches) or downloaded.
+    This thread hashes the whole in order as chunks arrive, so the hash
+    overlaps the transfers, and that hash is the check: downloaded chunks are
+    not hashed one by one unless it fails, to name the bad chunk (a second
+    pass over a 1 GiB staging file and a hash per chunk cost a third of a
+    chunked pull).
     """
     d = recipe.digest
     if size_hint is not None and recipe.size > size_hint:
         raise _too_large(src, d, size_hint, recipe.size)
     index = ChunkIndex(dst.root)
     seen = index.find({c.digest for c in recipe.chunks})
-    remote: List[ChunkRef] = []  # first occurrences of the chunks to download, in order
-    firsts: Set[Digest] = set()
+    firsts: List[ChunkRef] = []  # first occurrences of each chunk, in order
+    known: Set[Digest] = set()
     for c in recipe.chunks:
-        if c.digest not in firsts:
-            firsts.add(c.digest)
-            if c.digest not in seen:
-                remote.append(c)
+        if c.digest not in known:
+            known.add(c.digest)
+            firsts.append(c)
     fetched = 0
     hasher = new_hasher()
     st = dst.stage("pull")
     try:
-        def fetch(c: ChunkRef) -> bytes:  # on a worker: download and write in place, in parallel
-            data = src.read_chunk(c, verify=False)
+        def bring(c: ChunkRef) -> Tuple[bytes, int]:
+            """On a worker: the chunk from a local object the index names (verified by its name), else
+            downloaded; written in place.  ``(bytes, bytes downloaded)``."""
+            data = _local_chunk(dst, seen.get(c.digest), c)
+            moved = 0
+            if data is None:  # not here, or gone or changed since it was indexed
+                data = src.read_chunk(c, verify=False)  # its length checked; the whole hash covers its bytes
+                moved = c.length
             pwrite_all(st.fd, data, c.offset)
-            return data
+            return data, moved
 
-        # Leaving this block waits for every running fetch: none writes to the staging file after it.
+        # Leaving this block waits for every running task: none writes to the staging file after it.
         with ThreadPoolExecutor(min(16, src.connection.workers), thread_name_prefix="casstore-chunks") as ex:
-            ahead: Deque[Tuple[ChunkRef, Future[bytes]]] = deque()
-            todo = iter(remote)
+            ahead: Deque[Tuple[ChunkRef, Future[Tuple[bytes, int]]]] = deque()
+            todo = iter(firsts)
             written: Dict[Digest, int] = {}  # chunk -> offset in the staging file
             try:
                 for c in recipe.chunks:
                     while len(ahead) < CHUNK_WINDOW and (nxt := next(todo, None)) is not None:
-                        ahead.append((nxt, ex.submit(fetch, nxt)))
+                        ahead.append((nxt, ex.submit(bring, nxt)))
                     at = written.get(c.digest)
                     if at is not None:  # a repeat: its bytes are already staged
                         data = os.pread(st.fd, c.length, at)
                         pwrite_all(st.fd, data, c.offset)
-                    elif c.digest in seen:
-                        local = _local_chunk(dst, seen[c.digest], c)
-                        if local is None:  # gone or changed since it was indexed: download it
-                            local = src.read_chunk(c)
-                            fetched += c.length
-                        data = local
-                        pwrite_all(st.fd, data, c.offset)
                     else:
                         head, fut = ahead.popleft()
-                        assert head.digest == c.digest  # remote holds first occurrences in recipe order
-                        data = fut.result()  # written; its length checked, the whole hash covers its bytes
-                        fetched += c.length
+                        assert head.digest == c.digest  # first occurrences, in recipe order
+                        data, moved = fut.result()
+                        fetched += moved
+                        written[c.digest] = c.offset
                     hasher.update(data)
-                    written.setdefault(c.digest, c.offset)
             except BaseException:
                 for _, fut in ahead:
                     fut.cancel()
