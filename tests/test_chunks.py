@@ -368,3 +368,47 @@ def test_repeated_chunks_and_a_stale_chunk_index(tmp_path: Path, rem: casstore.R
     rep = c.pull(rem, "y")  # the index says v1's chunks are in v2, which is gone: all downloaded
     assert c.get(d1) == v1
     assert rep.bytes == sum(unique.values())
+
+
+_KILLED_PULL = r"""
+import sys
+import casstore
+root, url, endpoint = sys.argv[1:4]
+rem = casstore.Remote(url, endpoint_url=endpoint, progress=False, workers=2)
+s = casstore.open(root)
+print("go", flush=True)
+s.pull(rem, "big")
+print("done", flush=True)
+"""
+
+
+def test_sigkill_during_chunked_pull_then_rerun(tmp_path: Path, seaweed: Any, remote_url: str) -> None:
+    small = Chunking(min_object=1 * MiB, avg_size=64 * 1024, min_size=16 * 1024, max_size=256 * 1024)
+    rem = casstore.Remote(remote_url, endpoint_url=seaweed.endpoint, progress=False, chunking=small)
+    a = casstore.open(tmp_path / "a")
+    blobs = [random.Random(50 + i).randbytes(6 * MiB) for i in range(4)]
+    with a.edit("big") as m:
+        for i, blob in enumerate(blobs):
+            m[f"f{i}"] = a.put(blob)
+    a.push(rem, "big")
+    killed_midway = 0
+    for delay in (0.3, 0.6, 0.9):
+        p = subprocess.Popen([sys.executable, "-c", _KILLED_PULL, str(tmp_path / "b"), remote_url, seaweed.endpoint],
+                             stdout=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stdout.readline().strip() == "go"
+        time.sleep(delay)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        b = casstore.open(tmp_path / "b")  # opening sweeps the dead puller's staging files
+        assert os.listdir(b.root / "tmp") == []
+        have = [d for d in b.iter_objects() if b.objects.stat(d).size > 1 * MiB]
+        for d in have:
+            assert b.get(d) in blobs  # only whole, verified objects were published
+        if b.heads() == {}:
+            killed_midway += 1
+        else:
+            break
+    assert killed_midway >= 1, "no kill landed before the pull finished; the test proved nothing"
+    b = casstore.open(tmp_path / "b")
+    b.pull(rem, "big")
+    assert [b.get(e.digest) for _, e in sorted(b.manifest("big").items())] == blobs
