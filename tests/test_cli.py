@@ -83,6 +83,18 @@ def test_init(tmp_path: Path) -> None:
     _one_line_error(cli(tmp_path, "init", "--compress", "lz4", str(tmp_path / "s4")), "InvalidInputError")
 
 
+def test_init_takes_the_store_option_as_its_directory(tmp_path: Path) -> None:
+    _ok(cli(tmp_path, "--store", str(tmp_path / "s5"), "init"))
+    assert casstore.open(tmp_path / "s5", create=False).config.compression == "raw"
+    _ok(cli(tmp_path, "init", "--store", str(tmp_path / "s6")))  # after the subcommand too
+    assert (tmp_path / "s6" / "store.toml").exists()
+    _ok(cli(tmp_path, "--store", str(tmp_path / "s5"), "init", str(tmp_path / "s5")))  # the same one twice
+    err = _one_line_error(cli(tmp_path, "init"), "InvalidInputError")
+    assert "casstore init DIR" in err
+    _ok(cli(tmp_path, "--store", str(tmp_path / "s7"), "init", str(tmp_path / "s8")))  # DIR wins
+    assert (tmp_path / "s8" / "store.toml").exists() and not (tmp_path / "s7").exists()
+
+
 def test_put_prints_digests(tmp_path: Path, files: Dict[str, bytes]) -> None:
     store = str(tmp_path / "s")
     _ok(cli(tmp_path, "init", store))  # an explicit --store must exist (issue 12: a typo never makes a store)

@@ -26,8 +26,14 @@ __all__ = ["register"]
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    """``casstore init DIR``: create a store (an existing one is opened and left as it is)."""
-    root = Path(args.dir).expanduser()
+    """``casstore init DIR`` (or ``casstore --store DIR init``; DIR wins when both are given): create
+    a store (an existing one is opened and left as it is)."""
+    store_opt: Optional[str] = getattr(args, "store", None)
+    if args.dir is None and store_opt is None:
+        raise InvalidInputError("init needs a directory: `casstore init DIR` (or `casstore --store DIR init`)")
+    target = args.dir if args.dir is not None else store_opt
+    assert target is not None
+    root = Path(target).expanduser()
     existed = (root / CONFIG_FILE).exists()
     if existed:
         store = open_store(root, create=False)
@@ -433,7 +439,7 @@ def register(add: Add) -> None:
     from ..maintenance.listing import FILTER_HELP, SORT_KEYS  # help text of `ls` (cli/__init__.py: feature imports)
 
     sp = add("init", cmd_init, "create a store in DIR (an existing store is left as it is)")
-    sp.add_argument("dir", help="the store directory (created with its parents)")
+    sp.add_argument("dir", nargs="?", help="the store directory (created with its parents; default: the --store one)")
     sp.add_argument("--compress", default=None, type=compress_arg,
                     help="default codec: raw (default), zstd or a level 1-22")
     sp.add_argument("--scratch", action="store_true", help="no fsync on put (fast; may lose recent puts on power loss)")
