@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Set
+from typing import Any, Dict, List, Set, Tuple
 
 import _seaweed
 import msgpack
@@ -216,23 +216,35 @@ print("done", flush=True)
 """
 
 
-def test_sigkill_during_chunked_push_then_rerun(tmp_path: Path, seaweed: Any, remote_url: str) -> None:
-    small = Chunking(min_object=1 * MiB, avg_size=64 * 1024, min_size=16 * 1024, max_size=256 * 1024)
-    rem = casstore.Remote(remote_url, endpoint_url=seaweed.endpoint, progress=False, chunking=small)
-    a = casstore.open(tmp_path / "a")
-    blobs = [random.Random(10 + i).randbytes(4 * MiB) for i in range(4)]
+TINY = Chunking(min_object=1 * MiB, avg_size=64 * 1024, min_size=16 * 1024, max_size=256 * 1024)
+
+
+def _store_of_blobs(root: Path, seed: int, size: int) -> Tuple[casstore.Store, List[bytes]]:
+    """A store whose head ``big`` holds four random blobs of ``size`` bytes."""
+    a = casstore.open(root)
+    blobs = [random.Random(seed + i).randbytes(size) for i in range(4)]
     with a.edit("big") as m:
         for i, blob in enumerate(blobs):
             m[f"f{i}"] = a.put(blob)
+    return a, blobs
+
+
+def _run_and_kill(script: str, args: List[str], delay: float) -> None:
+    """Start ``script`` in a process, wait for its "go", let it run ``delay`` s, SIGKILL it."""
+    p = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "go"
+    time.sleep(delay)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+
+
+def test_sigkill_during_chunked_push_then_rerun(tmp_path: Path, seaweed: Any, remote_url: str) -> None:
+    rem = casstore.Remote(remote_url, endpoint_url=seaweed.endpoint, progress=False, chunking=TINY)
+    a, blobs = _store_of_blobs(tmp_path / "a", 10, 4 * MiB)
     killed_midway = 0
     completed = False  # on a slow or fast machine one of the later runs may finish before its kill
     for delay in (0.4, 0.8, 1.2):
-        p = subprocess.Popen([sys.executable, "-c", _KILLED_PUSH, str(tmp_path / "a"), remote_url, seaweed.endpoint],
-                             stdout=subprocess.PIPE, text=True)
-        assert p.stdout is not None and p.stdout.readline().strip() == "go"
-        time.sleep(delay)
-        p.send_signal(signal.SIGKILL)
-        p.wait()
+        _run_and_kill(_KILLED_PUSH, [str(tmp_path / "a"), remote_url, seaweed.endpoint], delay)
         _no_recipe_names_a_missing_chunk(seaweed, rem)
         if len(_keys(seaweed, rem, "recipes")) < 4:
             killed_midway += 1
@@ -383,22 +395,12 @@ print("done", flush=True)
 
 
 def test_sigkill_during_chunked_pull_then_rerun(tmp_path: Path, seaweed: Any, remote_url: str) -> None:
-    small = Chunking(min_object=1 * MiB, avg_size=64 * 1024, min_size=16 * 1024, max_size=256 * 1024)
-    rem = casstore.Remote(remote_url, endpoint_url=seaweed.endpoint, progress=False, chunking=small)
-    a = casstore.open(tmp_path / "a")
-    blobs = [random.Random(50 + i).randbytes(6 * MiB) for i in range(4)]
-    with a.edit("big") as m:
-        for i, blob in enumerate(blobs):
-            m[f"f{i}"] = a.put(blob)
+    rem = casstore.Remote(remote_url, endpoint_url=seaweed.endpoint, progress=False, chunking=TINY)
+    a, blobs = _store_of_blobs(tmp_path / "a", 50, 6 * MiB)
     a.push(rem, "big")
     killed_midway = 0
     for delay in (0.3, 0.6, 0.9):
-        p = subprocess.Popen([sys.executable, "-c", _KILLED_PULL, str(tmp_path / "b"), remote_url, seaweed.endpoint],
-                             stdout=subprocess.PIPE, text=True)
-        assert p.stdout is not None and p.stdout.readline().strip() == "go"
-        time.sleep(delay)
-        p.send_signal(signal.SIGKILL)
-        p.wait()
+        _run_and_kill(_KILLED_PULL, [str(tmp_path / "b"), remote_url, seaweed.endpoint], delay)
         b = casstore.open(tmp_path / "b")  # opening sweeps the dead puller's staging files
         assert os.listdir(b.root / "tmp") == []
         have = [d for d in b.iter_objects() if b.objects.stat(d).size > 1 * MiB]
