@@ -1041,8 +1041,8 @@ class LocalObjects(ObjectStore):
         fetched copy torn by a power loss, bit rot) is moved to ``bad/`` with a
         warning and fetched again, once.
         """
-        if self.upstream is not None and self._find(digest) is None:
-            data = self._fetch(digest, True)[1]
+        if self.upstream is not None:
+            data = self._fetch(digest, True)[1]  # (False, None) at once when the object is here
             if data is not None:
                 return data  # verified by the fetch (a small object: reading the new copy would hash it again)
         try:

@@ -429,10 +429,12 @@ class S3Connection:
         lean = self._lean_getter()
         if lean is not None:
             got = lean.get(key, limit=limit)
-            if got is None or isinstance(got, LeanBody):
-                if got is None or got.data is None or limit is None or len(got.data) <= limit:
-                    return None if got is None else S3Body(got.data, got.size, got.etag)
-                return S3Body(None, max(got.size, len(got.data)), got.etag)
+            if got is None:
+                return None
+            if isinstance(got, LeanBody):
+                if got.data is not None and limit is not None and len(got.data) > limit:
+                    return S3Body(None, max(got.size, len(got.data)), got.etag)  # more than announced
+                return S3Body(got.data, got.size, got.etag)
         try:
             r = self._c.get_object(Bucket=self.bucket, Key=key)
             body = r["Body"]
@@ -1166,4 +1168,3 @@ class S3Objects(ObjectStore):
 
     def __repr__(self) -> str:
         return f"S3Objects('s3://{self.connection.bucket}/{self.prefix}')"
-

@@ -188,7 +188,7 @@ def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = Fa
                 for v in reversed(chain):
                     if v in remote_has or v in done_versions:
                         continue
-                    size = objects.stat(v).size
+                    size = expected[v]  # stat-ed above, for the listing's size check
                     n_bytes += upload_object(objects, rem.objects, v, size)
                     done_versions.add(v)
                     n_objects += 1

@@ -32,7 +32,7 @@ import threading
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, field
-from typing import BinaryIO, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Set, Tuple, TypeVar
+from typing import BinaryIO, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from .._fs import Beside, Staging, pwrite_all, run_beside
 from ..codecs import RAW
@@ -268,8 +268,9 @@ def download_object(src: S3Objects, dst: LocalObjects, d: Digest, size_hint: Opt
     downloaded (its size; for a chunked object, the chunks fetched).
 
     An object the remote stores as chunks (issue 16) is reassembled: chunks this
-    store already holds (the local chunk index) are read locally, the rest are
-    downloaded, each verified by its name, and the whole by its digest.
+    store already holds (the local chunk index) are read locally, each verified
+    by its name, the rest are downloaded, and the whole is verified by its digest
+    (:func:`_download_chunked`).
     """
     return download_object_bytes(src, dst, d, size_hint, publisher, durable=durable)[0]
 
@@ -331,12 +332,9 @@ def _download_chunked(src: S3Objects, dst: LocalObjects, recipe: Recipe, size_hi
         raise _too_large(src, d, size_hint, recipe.size)
     index = ChunkIndex(dst.root)
     seen = index.find({c.digest for c in recipe.chunks})
-    firsts: List[ChunkRef] = []  # first occurrences of each chunk, in order
-    known: Set[Digest] = set()
+    first: Dict[Digest, ChunkRef] = {}  # each chunk's first occurrence, in recipe order
     for c in recipe.chunks:
-        if c.digest not in known:
-            known.add(c.digest)
-            firsts.append(c)
+        first.setdefault(c.digest, c)
     fetched = 0
     hasher = new_hasher()
     st = dst.stage("pull")
@@ -355,22 +353,20 @@ def _download_chunked(src: S3Objects, dst: LocalObjects, recipe: Recipe, size_hi
         # Leaving this block waits for every running task: none writes to the staging file after it.
         with ThreadPoolExecutor(min(16, src.connection.workers), thread_name_prefix="casstore-chunks") as ex:
             ahead: Deque[Tuple[ChunkRef, Future[Tuple[bytes, int]]]] = deque()
-            todo = iter(firsts)
-            written: Dict[Digest, int] = {}  # chunk -> offset in the staging file
+            todo = iter(first.values())
             try:
                 for c in recipe.chunks:
                     while len(ahead) < CHUNK_WINDOW and (nxt := next(todo, None)) is not None:
                         ahead.append((nxt, ex.submit(bring, nxt)))
-                    at = written.get(c.digest)
-                    if at is not None:  # a repeat: its bytes are already staged
+                    at = first[c.digest].offset
+                    if at != c.offset:  # a repeat: its first occurrence is already staged
                         data = os.pread(st.fd, c.length, at)
                         pwrite_all(st.fd, data, c.offset)
                     else:
                         head, fut = ahead.popleft()
-                        assert head.digest == c.digest  # first occurrences, in recipe order
+                        assert head is c  # first occurrences, in recipe order
                         data, moved = fut.result()
                         fetched += moved
-                        written[c.digest] = c.offset
                     hasher.update(data)
             except BaseException:
                 for _, fut in ahead:
