@@ -32,6 +32,7 @@ from _harness import (  # noqa: E402
     TMP_ENV,
     Row,
     bench_root,
+    compile_bytecode,
     failure_label,
     format_table,
     log,
@@ -145,6 +146,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         Path(args.child).write_text(json.dumps(rows_to_json(child_rows)))
         return 0
 
+    compile_bytecode()  # as an installed casstore has it (see _harness.compile_bytecode)
     rows: List[Row] = []
     failed = False
     module_s: Dict[str, float] = {}

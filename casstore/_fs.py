@@ -17,15 +17,12 @@ parent's temp file.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import io
 import os
 import queue
 import re
-import secrets
 import shutil
-import socket
 import stat as stat_mod
 import sys
 import threading
@@ -62,7 +59,7 @@ __all__ = [
 # live writer; they are swept once this old.
 STALE_AGE = 24 * 3600.0
 
-_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", os.uname().nodename)[:64] or "host"
 _TMP_RE = re.compile(r"^(\d+)\.(\d+)\.([A-Za-z0-9_-]+)\.[0-9a-f]+\.[a-z]+$")
 _token_cache: dict[int, str] = {}
 
@@ -129,7 +126,9 @@ def libc_fn(name: str, argtypes: Tuple[Any, ...]) -> Optional[Callable[..., int]
     if name not in _libc_fns:
         fn: Optional[Callable[..., int]] = None
         try:
-            f = getattr(ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True), name)
+            # dlopen(NULL): the process's own symbols, libc's among them.  (ctypes.util.find_library
+            # would run ldconfig in a subprocess and cost every CLI start ~6 ms of imports.)
+            f = getattr(ctypes.CDLL(None, use_errno=True), name)
             f.argtypes = argtypes
             f.restype = ctypes.c_int
             fn = f
@@ -500,7 +499,7 @@ class Staging:
     __slots__ = ("path", "fd", "_pid", "_done")
 
     def __init__(self, tmpdir: Path, kind: str = "tmp") -> None:
-        name = f"{process_token()}.{secrets.token_hex(8)}.{kind}"
+        name = f"{process_token()}.{os.urandom(8).hex()}.{kind}"
         self.path = tmpdir / name
         self._pid = os.getpid()
         self._done = False

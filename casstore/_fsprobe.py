@@ -30,7 +30,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import secrets
 import struct
 import threading
 from dataclasses import dataclass
@@ -201,7 +200,7 @@ def _lock_check(a: int, b: int, take: str) -> str:
 
 def _run(d: Path, st_dev: int) -> FsInfo:
     fstype, mount = mount_of(st_dev)
-    base = d / f".probe.{os.getpid()}.{secrets.token_hex(6)}"
+    base = d / f".probe.{os.getpid()}.{os.urandom(6).hex()}"
     flk = posix = links = reflink = "unknown"
     made = []
     try:

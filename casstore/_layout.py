@@ -15,12 +15,14 @@ from .digest import Digest
 from .errors import InvalidDigestError
 
 __all__ = [
-    "FORMAT_VERSION", "CONFIG_FILE", "OBJECTS", "REFS", "HEADS", "PINS", "LOCKS", "TMP", "BAD", "SUBDIRS",
+    "FORMAT_VERSION", "CONFIG_FILE", "REMOTES_FILE", "OBJECTS", "REFS", "HEADS", "PINS", "LOCKS", "TMP", "BAD",
+    "SUBDIRS",
     "object_relpath", "object_path", "parse_object_name", "object_key", "parse_object_key", "is_fanout",
 ]
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "store.toml"
+REMOTES_FILE = "remotes.toml"
 OBJECTS = "objects"
 REFS = "refs"
 HEADS = "refs/heads"

@@ -95,8 +95,6 @@ import json
 import logging
 import os
 import random
-import secrets
-import socket
 import threading
 import time
 import weakref
@@ -126,7 +124,7 @@ CHECK_EVERY = 0.25
 _RECORD_SIZE = 512  # every record is written padded to this size, so a reader never sees an old tail
 _MIN_BEATS = 3.0  # a stall is at least this many missed beats, whatever the waiter's timeout
 _MAX_EVERY = 60.0  # a hostile record cannot stretch the stall limit beyond 3 minutes
-_HOST = socket.gethostname()
+_HOST = os.uname().nodename
 
 
 def _pid_namespace() -> str:
@@ -523,7 +521,7 @@ class LeaseStrategy(LockStrategy):
             now_sig, _, _ = _look(lease)
             if now_sig != sig:
                 return False  # released, beaten or replaced since we judged it: not ours to end
-            tmp = lease.with_name(f"{lease.name}.new.{os.getpid()}.{secrets.token_hex(4)}")
+            tmp = lease.with_name(f"{lease.name}.new.{os.getpid()}.{os.urandom(4).hex()}")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, lock.mode)
             try:
                 share_new_file(fd, lease.parent)
@@ -647,7 +645,7 @@ def _publish_record(path: Path, record: bytes, mode: int) -> int:
     """Create ``path`` exclusively with ``record`` already in it (private file, then ``link()``: atomic,
     EEXIST if taken); where hard links are missing, ``O_EXCL`` then write.  Returns its descriptor."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
-    tmp = path.with_name(f"{path.name}.new.{os.getpid()}.{secrets.token_hex(4)}")
+    tmp = path.with_name(f"{path.name}.new.{os.getpid()}.{os.urandom(4).hex()}")
     fd = os.open(tmp, flags, mode)
     try:
         os.pwrite(fd, record, 0)

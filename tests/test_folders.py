@@ -125,15 +125,185 @@ def test_corrupt_cache_is_ignored(store: casstore.Store, tmp_path: Path, no_racy
     f = tmp_path / "f"
     make_tree(f, FILES)
     store.add("exp", f)
-    caches = list((store.root / "cache" / "stat").iterdir())
+    caches = list((store.root / "cache" / "stat").glob("*.msgpack"))
     assert len(caches) == 1
+    mark = caches[0].with_suffix(".clean")
+    assert mark.exists()
     for junk in (b"\xff\x00garbage", b"", b"\x81\xa1v\x01"):  # garbage, empty, a map of the wrong shape
+        mark.unlink()  # the clean mark would vouch for the whole folder; this test is about the stat cache
         caches[0].write_bytes(junk)
         st = store.status("exp", f)
         assert st.unchanged == tuple(sorted(FILES)) and st.hashed == len(FILES)
     (f / "a.txt").write_bytes(b"ALPHA")
     caches[0].write_bytes(b"\x93")
     assert store.status("exp", f).modified == ("a.txt",)
+
+
+def _mark(store: casstore.Store) -> Path:
+    marks = list((store.root / "cache" / "stat").glob("*.clean"))
+    assert len(marks) == 1, marks
+    return marks[0]
+
+
+def _drop_stat_cache(store: casstore.Store) -> None:
+    # Without the stat cache, a status that did not go through the clean mark hashes every file.
+    for p in (store.root / "cache" / "stat").glob("*.msgpack"):
+        p.unlink()
+
+
+def test_clean_mark_vouches_for_an_unchanged_folder(store: casstore.Store, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch, no_racy: None) -> None:
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    first = store.add("exp", f)
+    _mark(store)
+    _drop_stat_cache(store)
+    reads = count_reads(monkeypatch)
+    nodes: List[object] = []
+    real_manifest = casstore.Store.manifest
+
+    def counting_manifest(self: casstore.Store, target: object) -> casstore.Manifest:
+        m = real_manifest(self, target)  # type: ignore[arg-type]
+        real_items = m.entries.items
+        monkeypatch.setattr(type(m.entries), "items", lambda e: nodes.append(1) or real_items())
+        return m
+
+    st = store.status("exp", f)
+    assert not st and st.unchanged == tuple(sorted(FILES)) and st.hashed == 0 and st.version == first.digest
+    again = store.add("exp", f)
+    assert not again.created and again.digest == first.digest and again.hashed == 0
+    assert reads == []  # the mark, not the (deleted) stat cache, answered: no file was read
+    monkeypatch.setattr(casstore.Store, "manifest", counting_manifest)
+    assert not store.status("exp", f)
+    assert nodes == []  # nor was the version's list of entries
+    # with a message alone, still no version; with metadata, one
+    assert not store.add("exp", f, message="nothing changed").created
+    assert store.add("exp", f, meta={"k": 1}).created
+
+
+@pytest.mark.parametrize("change", ["content_same_size_mtime_put_back", "new_file", "removed_file", "renamed_file",
+                                    "file_replaced_by_symlink", "truncated"])
+def test_clean_mark_never_hides_a_change(store: casstore.Store, tmp_path: Path, no_racy: None,
+                                         change: str) -> None:
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    store.add("exp", f)
+    mark = _mark(store)
+    time.sleep(0.01)  # a later timestamp tick than the files' own
+    p = f / "a.txt"
+    if change == "content_same_size_mtime_put_back":
+        st0 = os.stat(p)
+        p.write_bytes(b"ALPHA")
+        os.utime(p, ns=(st0.st_atime_ns, st0.st_mtime_ns))  # only ctime tells
+        want = {"modified": ("a.txt",)}
+    elif change == "new_file":
+        (f / "sub" / "new").write_bytes(b"n")
+        want = {"added": ("sub/new",)}
+    elif change == "removed_file":
+        p.unlink()
+        want = {"deleted": ("a.txt",)}
+    elif change == "renamed_file":  # same inode, same stat, another key
+        p.rename(f / "a2.txt")
+        want = {"added": ("a2.txt",), "deleted": ("a.txt",)}
+    elif change == "file_replaced_by_symlink":
+        p.unlink()
+        p.symlink_to(f / "d e f.txt")
+        want = {"deleted": ("a.txt",)}
+    else:
+        p.write_bytes(b"")
+        want = {"modified": ("a.txt",)}
+    st = store.status("exp", f)
+    got = {k: getattr(st, k) for k in ("added", "modified", "deleted") if getattr(st, k)}
+    assert got == want
+    r = store.add("exp", f)
+    assert r.created and {k: getattr(r, k) for k in want} == want
+    assert mark.exists() and not store.status("exp", f)  # the new version is vouched for again
+
+
+def test_clean_mark_is_per_version_and_per_exclude(store: casstore.Store, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch, no_racy: None) -> None:
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    v1 = store.add("exp", f).digest
+    (f / "a.txt").write_bytes(b"ALPHA")
+    store.add("exp", f)
+    _drop_stat_cache(store)
+    reads = count_reads(monkeypatch)
+    old = store.status("exp", f, version=str(v1))  # the mark is for the head, not for v1
+    assert old.modified == ("a.txt",) and reads
+    reads.clear()
+    _drop_stat_cache(store)
+    excl = store.status("exp", f, exclude=["*.bin"])  # another walk: the mark does not apply
+    assert excl.deleted == ("sub/b.bin",) and len(reads) == len(FILES) - 1
+
+
+def test_clean_mark_not_written_for_racy_files(store: casstore.Store, tmp_path: Path) -> None:
+    # A file modified within RACY_SECONDS could change again in the same timestamp tick without
+    # its stat changing: the mark would then vouch for bytes the folder no longer has.
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    store.add("exp", f)
+    assert not list((store.root / "cache" / "stat").glob("*.clean"))
+    assert not store.status("exp", f)
+    assert not list((store.root / "cache" / "stat").glob("*.clean"))
+
+
+def test_clean_mark_not_written_when_a_file_changed_while_read(store: casstore.Store, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               no_racy: None) -> None:
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    real = folders._read_one
+
+    def touch_then_read(store_: casstore.Store, root_fd: int, key: str, keep: bool) -> object:
+        if key == "a.txt":  # changed after the walk, before its read: the walk's stat is stale
+            os.utime(f / key, ns=(1, 1))
+        return real(store_, root_fd, key, keep)
+
+    monkeypatch.setattr(folders, "_read_one", touch_then_read)
+    store.add("exp", f)
+    assert not list((store.root / "cache" / "stat").glob("*.clean"))
+
+
+@pytest.mark.parametrize("junk", [b"", b"\xff\x00garbage", b"\x81\xa1v\x01", b"\x80", b"\x91\x01",
+                                  b"\x86\xa1v\x01\xa4root\x00\xa7version\x00\xa8patterns\x00\xa5files\x00\xa2fp\x00"])
+def test_damaged_clean_mark_is_no_mark(store: casstore.Store, tmp_path: Path, no_racy: None,
+                                       junk: bytes) -> None:
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    store.add("exp", f)
+    mark = _mark(store)
+    _drop_stat_cache(store)
+    mark.write_bytes(junk)
+    st = store.status("exp", f)
+    assert not st and st.hashed == len(FILES)  # compared the long way, and right
+    (f / "a.txt").write_bytes(b"ALPHA")
+    mark.write_bytes(junk)
+    assert store.status("exp", f).modified == ("a.txt",)
+
+
+def test_a_stale_mark_of_another_folder_state_is_not_trusted(store: casstore.Store, tmp_path: Path,
+                                                             no_racy: None) -> None:
+    # The mark of the folder as it was, copied back after the folder changed (as a restored
+    # backup of the store would): its fingerprint no longer matches the walk.
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    store.add("exp", f)
+    saved = _mark(store).read_bytes()
+    (f / "sub" / "b.bin").write_bytes(os.urandom(3000))
+    assert store.status("exp", f).modified == ("sub/b.bin",)
+    _mark(store).write_bytes(saved)
+    assert store.status("exp", f).modified == ("sub/b.bin",)
+
+
+def test_add_to_a_pin_is_refused_even_when_the_folder_is_unchanged(store: casstore.Store, tmp_path: Path,
+                                                                   no_racy: None) -> None:
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    store.add("exp", f)
+    store.freeze("exp")
+    with pytest.raises(casstore.FrozenError):
+        store.add("exp", f)
 
 
 def test_status_added_modified_deleted_and_versions(store: casstore.Store, tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Optional, Tuple, Union
 
 from .._fs import write_file_atomic
-from .._layout import LOCKS, TMP
+from .._layout import LOCKS, REMOTES_FILE, TMP
 from .._lock import FileLock
 from ..errors import InvalidInputError, InvalidTypeError, ObjectNotFoundError, StoreFormatError
 from ..objects.chunking import DEFAULT_CHUNKING, Chunking
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 __all__ = ["Remote", "parse_url", "resolve_remote", "load_remotes", "add_remote", "remove_remote", "get_remote",
            "REMOTES_FILE", "load_upstream", "set_upstream"]
 
-REMOTES_FILE = "remotes.toml"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
 _SETTINGS = ("url", "endpoint_url", "region", "profile")
