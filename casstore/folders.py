@@ -55,7 +55,7 @@ from ._layout import TMP, object_path
 from ._paths import key_problem
 from ._progress import Progress
 from .codecs import RAW
-from .digest import Digest, hash_bytes, hash_fd
+from .digest import HEX_LEN, Digest, hash_bytes, hash_fd
 from .errors import (
     FileChangedError,
     IntegrityError,
@@ -316,16 +316,30 @@ def _cache_path(store: Store, folder: Path) -> Tuple[str, Path]:
 
 
 class _StatCache:
-    def __init__(self, store: Store, real: str, path: Path) -> None:
+    """key -> (exact stat, digest hex) for one folder; optionally "these are exactly version V's entries".
+
+    ``version``/``patterns``: set only when saved right after the folder was found equal to
+    version V (``add`` committed it, or ``status`` found it clean) with every file cached: the
+    entries are then exactly the folder's files as walked and their digests exactly V's.  A later
+    ``status``/``add`` against V then needs no read of V's entries: a file whose stat still
+    matches is unchanged, one with another stat is compared with the digest here, one not here
+    is added, one here but not walked is deleted (cost grows with what changed).
+    """
+
+    def __init__(self, store: Store, real: str, path: Path, *, load: bool = True) -> None:
         self.path = path
         self.root = real
         self.store = store
-        self.entries: Dict[str, Tuple[StatKey, Digest]] = {}
+        self.entries: Dict[str, Tuple[StatKey, str]] = {}
+        self.version: Optional[str] = None
+        self.patterns: Optional[List[str]] = None
         self.dirty = False
-        self._load()
+        if load:
+            self._load()
 
     def _load(self) -> None:
-        # Tolerant: anything odd means "no entry"; an entry is only ever used on an exact stat match.
+        # Tolerant: anything odd means "no entry"; an entry is only ever used on an exact stat match,
+        # and its digest is validated when used (get / vouched).
         try:
             with open(self.path, "rb") as f:
                 raw = f.read(_CACHE_MAX_BYTES + 1)
@@ -339,38 +353,67 @@ class _StatCache:
         ents = doc.get("entries")
         if not isinstance(ents, dict):
             return
+        whole = True
         for k, v in ents.items():
-            if not (isinstance(k, str) and isinstance(v, list) and len(v) == 6
-                    and all(type(x) is int for x in v[:5]) and isinstance(v[5], str)):
+            if not (isinstance(k, str) and type(v) is list and len(v) == 6
+                    and all(type(x) is int for x in v[:5]) and type(v[5]) is str and len(v[5]) == HEX_LEN):
+                whole = False
                 continue
-            try:
-                d = Digest(v[5])
-            except InvalidDigestError:
-                continue
-            self.entries[k] = ((v[0], v[1], v[2], v[3], v[4]), d)
+            self.entries[k] = ((v[0], v[1], v[2], v[3], v[4]), v[5])
+        version, patterns = doc.get("version"), doc.get("patterns")
+        if whole and type(version) is str and type(patterns) is list and all(type(g) is str for g in patterns):
+            self.version, self.patterns = version, patterns
 
     def get(self, key: str, st: StatKey) -> Optional[Digest]:
         e = self.entries.get(key)
-        return e[1] if e is not None and e[0] == st else None
+        return _digest_or_none(e[1]) if e is not None and e[0] == st else None
 
     def put(self, key: str, st: StatKey, d: Digest) -> None:
-        if self.entries.get(key) != (st, d):
-            self.entries[key] = (st, d)
+        if self.entries.get(key) != (st, d.hex):
+            self.entries[key] = (st, d.hex)
             self.dirty = True
 
-    def save(self, present: Set[str]) -> None:
+    def vouches(self, version: Digest, patterns: Sequence[str]) -> bool:
+        """True if the entries are exactly ``version``'s, for a walk with ``patterns``."""
+        return self.version == version.hex and self.patterns == list(patterns)
+
+    def save(self, present: Set[str], *, version: Optional[Digest] = None, patterns: Sequence[str] = ()) -> None:
+        """Keep the settled entries of ``present`` keys; claim ``version`` if every one of them is kept.
+
+        With a claim, a file modified within ``RACY_SECONDS`` is kept with its digest (the
+        version's) but mtime and ctime -1: no walk ever matches that stat, so the file is read
+        and compared again until a later save records it settled (racy clean, as for any entry).
+        """
         racy = time.time_ns() - int(RACY_SECONDS * 1e9)
-        keep = {k: e for k, e in self.entries.items() if k in present and e[0][3] < racy and e[0][4] < racy}
-        if not self.dirty and len(keep) == len(self.entries):
+        keep: Dict[str, Tuple[StatKey, str]] = {}
+        for k, (st, h) in self.entries.items():
+            if k not in present:
+                continue
+            if st[3] < racy and st[4] < racy:
+                keep[k] = (st, h)
+            elif version is not None:
+                keep[k] = ((st[0], st[1], st[2], -1, -1), h)
+        claim = version.hex if version is not None and len(keep) == len(present) else None
+        pats = list(patterns) if claim is not None else None
+        if not self.dirty and len(keep) == len(self.entries) and (claim, pats) == (self.version, self.patterns):
             return
-        doc = {"v": _CACHE_VERSION, "root": self.root,
-               "entries": {k: [*st, d.hex] for k, (st, d) in keep.items()}}
+        doc: Dict[str, Any] = {"v": _CACHE_VERSION, "root": self.root,
+                               "entries": {k: [*st, h] for k, (st, h) in keep.items()}}
+        if claim is not None:
+            doc["version"], doc["patterns"] = claim, pats
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_file_atomic(self.store.root / TMP, self.path, msgpack.packb(doc, use_bin_type=True),
                               durable=False, mode=0o644)
         except OSError as e:  # a read-only store still answers; it just re-reads next time
             log.debug("stat cache %s not written: %s", self.path, e)
+
+
+def _digest_or_none(hex_: str) -> Optional[Digest]:
+    try:
+        return Digest(hex_)
+    except InvalidDigestError:  # a damaged cache entry is no entry
+        return None
 
 
 # -- the clean mark ------------------------------------------------------------
@@ -647,6 +690,36 @@ def _warn(skipped: Sequence[Skipped], folder: Path) -> None:
         log.warning("%s: skipped %s: %s", folder, s.path, s.reason)
 
 
+class _Delta(NamedTuple):
+    """A walk against a stat cache that vouches for version V (:meth:`_StatCache.vouches`)."""
+
+    added: List[_File]
+    """Files V does not have."""
+    changed: List[_File]
+    """Files of V whose stat differs: their content must be compared with V's digest."""
+    unchanged: List[str]
+    """Keys whose stat is exactly the one V's digest was taken with."""
+    deleted: List[str]
+    """Keys of V not in the folder."""
+
+
+def _delta(files: Sequence[_File], cache: _StatCache) -> _Delta:
+    ents = cache.entries
+    added: List[_File] = []
+    changed: List[_File] = []
+    unchanged: List[str] = []
+    for f in files:
+        e = ents.get(f.key)
+        if e is None:
+            added.append(f)
+        elif e[0] == f.st:
+            unchanged.append(f.key)
+        else:
+            changed.append(f)
+    keys = {f.key for f in files}
+    return _Delta(added, changed, unchanged, sorted(k for k in ents if k not in keys))
+
+
 def add_folder(store: Store, name: str, folder: object, *, message: Optional[str] = None,
                meta: Optional[Mapping[str, Any]] = None, exclude: Optional[Iterable[str]] = None,
                progress: Optional[bool] = None) -> AddResult:
@@ -659,11 +732,13 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
     patterns = _patterns(exclude)
     real, cache_path = _cache_path(store, path)
     mark = _CleanMark(store, real, cache_path)
+    delta: Optional[_Delta] = None
+    vouched: Dict[str, str] = {}  # with a delta: unchanged key -> the head's digest (hex), from the cache
     root_fd = _open_root(path)
     try:
         files, skipped = _walk(root_fd, patterns, _store_id(store))
-        head = _unfrozen_head(store, name) if meta is None else None
-        if head is not None and mark.matches(head.digest, patterns, files):
+        head = _unfrozen_head(store, name)
+        if head is not None and meta is None and mark.matches(head.digest, patterns, files):
             # The folder is the head, file for file: no new version, and nothing to read or lock
             # (a message alone does not make a version; see below).
             _warn(skipped, path)
@@ -672,18 +747,37 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
         _check_keys(files)  # before anything is stored
         _warn(skipped, path)
         cache = _StatCache(store, real, cache_path)
-        digests, hashed, nbytes, steady = _digests(store, root_fd, files, cache, keep=True, progress=progress,
-                                                   desc="add")
+        if head is not None and cache.vouches(head.digest, patterns):
+            # Only what changed since the head is read, and the head's entries are not listed.
+            delta = _delta(files, cache)
+            old_hex = {f.key: cache.entries[f.key][1] for f in delta.changed}  # V's (the reads replace them)
+            vouched = {k: cache.entries[k][1] for k in delta.unchanged}
+            digests, hashed, nbytes, steady = _digests(store, root_fd, delta.added + delta.changed, cache,
+                                                       keep=True, progress=progress, desc="add")
+        else:
+            digests, hashed, nbytes, steady = _digests(store, root_fd, files, cache, keep=True,
+                                                       progress=progress, desc="add")
     finally:
         os.close(root_fd)
     fault("folders.before_commit")  # every new object is published and durable by now
     with store.edit(name) as m:
         base = m.base
-        # One pass over the head's entries (a tree-shaped manifest's random lookups cost more).
-        old = {k: e.digest for k, e in base.entries.items()} if base is not None else {}
-        added = tuple(k for k in digests if k not in old)
-        modified = tuple(k for k, d in digests.items() if k in old and old[k] != d)
-        deleted = tuple(k for k in old if k not in digests)
+        if delta is not None and base is not None and head is not None and base.digest == head.digest:
+            added = tuple(f.key for f in delta.added if f.key in digests)
+            modified = tuple(f.key for f in delta.changed if f.key in digests and digests[f.key].hex != old_hex[f.key])
+            deleted = tuple(delta.deleted) + tuple(f.key for f in delta.changed if f.key not in digests)
+            for k, h in vouched.items():
+                d = _digest_or_none(h)
+                if d is not None:  # (a damaged one only keeps the cache from vouching for the result)
+                    digests[k] = d
+        else:
+            if delta is not None:  # the head moved since we looked: compare with the new one in full
+                digests.update(_vouched_digests(store, path, vouched, cache))
+            # One pass over the head's entries (a tree-shaped manifest's random lookups cost more).
+            old = {k: e.digest for k, e in base.entries.items()} if base is not None else {}
+            added = tuple(k for k in digests if k not in old)
+            modified = tuple(k for k, d in digests.items() if k in old and old[k] != d)
+            deleted = tuple(k for k in old if k not in digests)
         for k in added + modified:
             m[k] = digests[k]
         for k in deleted:
@@ -708,14 +802,37 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
         # does not make one; it describes a change and there is none).
     result = m.result
     assert result is not None
-    cache.save(set(digests))
-    if steady and len(digests) == len(files):
+    whole = steady and len(digests) == len(files)  # every file's digest is of the file as walked
+    cache.save(set(digests), version=result.digest if whole else None, patterns=patterns)
+    if whole:
         mark.save(result.digest, patterns, files)
     else:
         mark.drop()
     return AddResult(manifest=result, created=result is not base, added=tuple(sorted(added)),
                      modified=tuple(sorted(modified)), deleted=tuple(sorted(deleted)), skipped=tuple(skipped),
                      hashed=hashed, hashed_bytes=nbytes)
+
+
+def _vouched_digests(store: Store, path: Path, vouched: Mapping[str, str], cache: _StatCache) -> Dict[str, Digest]:
+    """Digests of the unchanged keys (from the cache; a damaged one is read and stored again)."""
+    out: Dict[str, Digest] = {}
+    again: List[str] = []
+    for k, h in vouched.items():
+        d = _digest_or_none(h)
+        if d is None:
+            again.append(k)
+        else:
+            out[k] = d
+    if again:
+        fd = _open_root(path)
+        try:
+            redo = [_File(k, cache.entries[k][0]) for k in again]
+            got, _, _, _ = _digests(store, fd, redo, _StatCache(store, cache.root, cache.path, load=False),
+                                    keep=True, progress=False, desc="add")
+        finally:
+            os.close(fd)
+        out.update(got)
+    return out
 
 
 def folder_status(store: Store, name: str, folder: object, *, version: Optional[str] = None,
@@ -738,22 +855,39 @@ def folder_status(store: Store, name: str, folder: object, *, version: Optional[
         if base is not None and mark.matches(base.digest, patterns, files):
             # Every file as it was when the folder was last found equal to this version.
             return FolderStatus((), (), (), tuple(f.key for f in files), tuple(skipped), base.digest, 0)
+        cache = _StatCache(store, real, cache_path)
+        if base is not None and cache.vouches(base.digest, patterns):
+            # Cost grows with what changed: only files with a new stat are read, and the version's
+            # entries are not listed.  The cache is left as it is (it still vouches for the version).
+            delta = _delta(files, cache)
+            need = {f.key: cache.entries[f.key][0][2] for f in delta.changed}
+            scratch = _StatCache(store, real, cache_path, load=False)
+            digests, hashed, _, _ = _digests(store, root_fd, delta.changed, scratch, keep=False,
+                                             progress=progress, desc="status", need=need)
+            same = {f.key for f in delta.changed
+                    if f.key in digests and digests[f.key].hex == cache.entries[f.key][1]}
+            return FolderStatus(tuple(f.key for f in delta.added),
+                                tuple(f.key for f in delta.changed if f.key not in same), tuple(delta.deleted),
+                                tuple(sorted(delta.unchanged + list(same))), tuple(skipped), base.digest, hashed)
         # One pass over the version's entries (a tree-shaped manifest's random lookups cost more).
         entries = list(base.entries.items()) if base is not None else []
         old = {k: e.digest for k, e in entries}
-        cache = _StatCache(store, real, cache_path)
         sizes = {k: e.size for k, e in entries if e.size is not None}
         digests, hashed, _, steady = _digests(store, root_fd, files, cache, keep=False, progress=progress,
                                               desc="status", need=sizes)
     finally:
         os.close(root_fd)
-    cache.save({f.key for f in files})
     keys = {f.key for f in files}
     added = sorted(k for k in keys if k not in old)
     modified = sorted(k for k in keys if k in old and digests.get(k) != old[k])
     unchanged = sorted(k for k in keys if k in old and digests.get(k) == old[k])
     deleted = sorted(k for k in old if k not in keys)
-    if base is not None and steady and not (added or modified or deleted):
+    clean = base is not None and steady and not (added or modified or deleted)
+    if clean and base is not None:
+        cache.save(keys, version=base.digest, patterns=patterns)
+    elif cache.version is None:  # (a cache vouching for another version, the head say, stays as it was)
+        cache.save(keys)
+    if clean and base is not None:
         mark.save(base.digest, patterns, files)
     return FolderStatus(tuple(added), tuple(modified), tuple(deleted), tuple(unchanged), tuple(skipped),
                         base.digest if base is not None else None, hashed)

@@ -237,6 +237,131 @@ def test_clean_mark_is_per_version_and_per_exclude(store: casstore.Store, tmp_pa
     assert excl.deleted == ("sub/b.bin",) and len(reads) == len(FILES) - 1
 
 
+def _no_listing(monkeypatch: pytest.MonkeyPatch) -> List[str]:
+    """A probe: every time a version's whole list of entries is read (items/iteration of its map)."""
+    from casstore.manifests import model
+
+    seen: List[str] = []
+    for cls in (model.EntryMap, model.TreeEntryMap):
+        for meth in ("raw_items",):
+            real = getattr(cls, meth)
+
+            def probe(self: object, _real: object = real, _name: str = f"{cls.__name__}.{meth}") -> object:
+                seen.append(_name)
+                return _real(self)  # type: ignore[operator]
+
+            monkeypatch.setattr(cls, meth, probe)
+    return seen
+
+
+MANY = {f"d{i % 7}/f{i:03d}": os.urandom(100 + i) for i in range(300)}
+
+
+@pytest.mark.parametrize("size", [300, 5000])  # a flat version, and a tree-shaped one (> 4,096 entries)
+def test_changed_folder_costs_what_changed(store: casstore.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           no_racy: None, size: int) -> None:
+    f = tmp_path / "f"
+    files = {f"d{i % 7}/f{i:05d}": (b"%d" % i) * 3 for i in range(size)}
+    make_tree(f, files)
+    v1 = store.add("exp", f).digest
+    time.sleep(0.01)
+    (f / "d1/f00001").write_bytes(b"changed")      # modified
+    (f / "d2/f00002").write_bytes(b"222")           # same bytes written again: a new stat, same content
+    (f / "d3/f00003").unlink()                      # deleted
+    (f / "d4/new").write_bytes(b"new")              # added
+    reads = count_reads(monkeypatch)
+    listed = _no_listing(monkeypatch)
+    st = store.status("exp", f)
+    assert (st.added, st.modified, st.deleted) == (("d4/new",), ("d1/f00001",), ("d3/f00003",))
+    assert len(st.unchanged) == size - 2 and st.version == v1
+    # Only a file whose stat changed and whose size did not is read (another size is modified unread;
+    # an added file needs no hash).
+    assert reads == ["d2/f00002"]
+    assert listed == []  # and the version's entries were not listed
+    reads.clear()
+    r = store.add("exp", f)
+    assert r.created and (r.added, r.modified, r.deleted) == (("d4/new",), ("d1/f00001",), ("d3/f00003",))
+    assert sorted(reads) == ["d1/f00001", "d2/f00002", "d4/new"]
+    assert listed == []
+    monkeypatch.undo()
+    want = {k: v for k, v in files.items() if k != "d3/f00003"}
+    want.update({"d1/f00001": b"changed", "d4/new": b"new"})
+    assert folder_content(store, "exp") == want
+    assert not store.status("exp", f)
+
+
+def test_status_against_another_version_keeps_the_head_vouched(store: casstore.Store, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               no_racy: None) -> None:
+    f = tmp_path / "f"
+    make_tree(f, MANY)
+    v1 = store.add("exp", f).digest
+    (f / "d0/f000").write_bytes(b"x")
+    store.add("exp", f)
+    assert store.status("exp", f, version=str(v1)).modified == ("d0/f000",)
+    (f / "d1/f001").write_bytes(b"y")
+    listed = _no_listing(monkeypatch)
+    assert store.status("exp", f).modified == ("d1/f001",)
+    assert listed == []  # the status against v1 did not take the head's vouch away
+
+
+def test_add_after_the_head_moved_elsewhere_snapshots_the_folder_exactly(store: casstore.Store, tmp_path: Path,
+                                                                         no_racy: None) -> None:
+    f = tmp_path / "f"
+    make_tree(f, MANY)
+    store.add("exp", f)
+    with store.edit("exp") as m:  # another writer: the cache now vouches for a version that is not the head
+        m["elsewhere"] = store.put(b"theirs")
+        m["d0/f000"] = store.put(b"their edit")
+    (f / "d1/f001").write_bytes(b"ours")
+    r = store.add("exp", f)
+    assert r.created and "elsewhere" in r.deleted and "d0/f000" in r.modified and "d1/f001" in r.modified
+    want = dict(MANY, **{"d1/f001": b"ours"})
+    assert folder_content(store, "exp") == want
+
+
+def test_damaged_digest_in_a_vouching_cache_is_read_again(store: casstore.Store, tmp_path: Path,
+                                                          no_racy: None) -> None:
+    import msgpack
+
+    f = tmp_path / "f"
+    make_tree(f, MANY)
+    store.add("exp", f)
+    cache = next((store.root / "cache" / "stat").glob("*.msgpack"))
+    doc = msgpack.unpackb(cache.read_bytes(), raw=False)
+    assert doc["version"] == str(store.manifest("exp").digest).removeprefix("blake3:")
+    doc["entries"]["d2/f002"][5] = "Z" * 64  # not hex
+    cache.write_bytes(msgpack.packb(doc))
+    _mark(store).unlink()
+    with store.edit("exp") as m:  # the head moves, so add needs every digest
+        m["other"] = store.put(b"o")
+    (f / "d1/f001").write_bytes(b"ours")
+    store.add("exp", f)
+    assert folder_content(store, "exp") == dict(MANY, **{"d1/f001": b"ours"})
+
+
+def test_recent_files_are_vouched_for_but_always_read_again(store: casstore.Store, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # Files written just before the add are racy: the cache still vouches for the version (so the
+    # next status need not list it), but records them with a stat no walk matches, so each is read
+    # and compared until it settles -- a second write in the same tick cannot go unseen.
+    import msgpack
+
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    v = store.add("exp", f).digest
+    cache = next((store.root / "cache" / "stat").glob("*.msgpack"))
+    doc = msgpack.unpackb(cache.read_bytes(), raw=False)
+    assert doc["version"] == v.hex and sorted(doc["entries"]) == sorted(FILES)
+    assert all(e[3] == -1 and e[4] == -1 for e in doc["entries"].values())
+    reads = count_reads(monkeypatch)
+    listed = _no_listing(monkeypatch)
+    assert not store.status("exp", f)
+    assert sorted(reads) == sorted(FILES) and listed == []
+    (f / "a.txt").write_bytes(b"ALPHA")  # same size, likely the same tick as its first write
+    assert store.status("exp", f).modified == ("a.txt",)
+
+
 def test_clean_mark_not_written_for_racy_files(store: casstore.Store, tmp_path: Path) -> None:
     # A file modified within RACY_SECONDS could change again in the same timestamp tick without
     # its stat changing: the mark would then vouch for bytes the folder no longer has.

@@ -227,7 +227,7 @@ def _reflink(src: int, dst: int) -> bool:
         raise
 
 
-def _fill(store: Store, e: Entry, fd: int, dest: Path, *, strict_reflink: bool) -> None:
+def _fill(store: Store, e: Entry, fd: int, dest: str, *, strict_reflink: bool) -> None:
     """Write the entry's object into ``fd`` (a new, empty file) and verify what was written."""
     objects = store.objects
     loc = objects.locate(e.digest)
@@ -257,7 +257,7 @@ def _fill(store: Store, e: Entry, fd: int, dest: Path, *, strict_reflink: bool) 
             shutil.copyfileobj(fi, fo, _CHUNK)  # the reader raises IntegrityError before the last chunk
 
 
-def _link_object(store: Store, e: Entry, pfd: int, tmp: str, dest: Path, link: str,
+def _link_object(store: Store, e: Entry, pfd: int, tmp: str, dest: str, link: str,
                  trust: Optional[HashRecord], *, direct: bool = False) -> Optional[os.stat_result]:
     """Make ``tmp`` (in ``pfd``) a hard or symbolic link to the entry's raw object, verified first.
 
@@ -493,7 +493,7 @@ def _checkout(store: Store, ents: Dict[str, Entry], out: Path, rec: _Record, *, 
                     continue
                 prev = rec.files.get(key)
                 ours = prev if sync else None  # replacing a file casstore wrote is sync's job
-                present = _check_leaf(store, pfd, parts[-1], out / key, e, overwrite, link=link, ours=ours,
+                present = _check_leaf(store, pfd, parts[-1], f"{out}/{key}", e, overwrite, link=link, ours=ours,
                                       force=force)
                 if present is not None:
                     todo.append((key, e, present))
@@ -536,6 +536,7 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
     root_fd = _open_target(out, create=True)
     assert root_fd is not None
     walker = _Walker(root_fd, out, overwrite=overwrite, create=True)
+    out_s = str(out)
     trust = store.objects.hash_record() if link in ("hardlink", "symlink") and not rehash else None
     bar = Progress(sum(e.size or 0 for _, e, _ in todo), desc="checkout", enabled=progress)
     # Links are metadata only: a checkout of many small links waits on one system call after another,
@@ -556,13 +557,16 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
             while j < len(todo) and todo[j][0].startswith(base) and "/" not in todo[j][0][len(base):]:
                 j += 1
             group = todo[i:j] if pool is not None else todo[i:i + 1]
-            futs = [pool.submit(_write_one, store, pfd, k[len(base):], out / k, en, replace=pr or overwrite,
-                                link=link, trust=trust) for k, en, pr in group] if pool is not None else []
+            # ``dest`` (for messages) is a string: a Path per key cost more than a hard link does.
+            futs = [pool.submit(_write_one, store, pfd, k[len(base):], f"{out_s}/{k}", en,
+                                replace=pr or overwrite, link=link, trust=trust)
+                    for k, en, pr in group] if pool is not None else []
             first: Optional[BaseException] = None
             for n, (k, en, pr) in enumerate(group):
                 try:
-                    st = futs[n].result() if futs else _write_one(store, pfd, k[len(base):], out / k, en,
-                                                                   replace=pr or overwrite, link=link, trust=trust)
+                    st = futs[n].result() if futs else _write_one(store, pfd, k[len(base):], f"{out_s}/{k}",
+                                                                   en, replace=pr or overwrite, link=link,
+                                                                   trust=trust)
                 except BaseException as ex:  # the others of the group finish first; the first error is raised
                     if first is None:
                         first, key = ex, k
@@ -663,7 +667,7 @@ def _open_target(out: Path, *, create: bool) -> Optional[int]:
         raise InvalidInputError(f"cannot check out into {out}: it (or a parent) is not a directory") from None
 
 
-def _check_leaf(store: Store, pfd: int, leaf: str, dest: Path, e: Entry, overwrite: bool, *, link: str,
+def _check_leaf(store: Store, pfd: int, leaf: str, dest: str, e: Entry, overwrite: bool, *, link: str,
                 ours: Optional[Tuple[Digest, StatKey]], force: bool) -> Optional[bool]:
     """None: ``dest`` already holds the entry; False: nothing there; True: something to replace.
 
@@ -703,7 +707,7 @@ def _check_leaf(store: Store, pfd: int, leaf: str, dest: Path, e: Entry, overwri
     return True
 
 
-def _write_one(store: Store, pfd: int, leaf: str, dest: Path, e: Entry, *, replace: bool, link: str,
+def _write_one(store: Store, pfd: int, leaf: str, dest: str, e: Entry, *, replace: bool, link: str,
                trust: Optional[HashRecord]) -> StatKey:
     """Write one key (temp name, verify, rename); return its (dev, ino, size, mtime_ns) for the record."""
     linked: Optional[os.stat_result] = None
