@@ -63,6 +63,29 @@ def test_every_command_has_json_or_a_reason() -> None:
     assert sorted(no_json) == sorted(NO_JSON), "a new command needs --json (or a justified NO_JSON entry)"
 
 
+def _shape(p: object) -> List[Tuple[Tuple[str, ...], List[Tuple[Tuple[str, ...], str, object]]]]:
+    return [(path, [(tuple(a.option_strings), a.dest, a.help) for a in q.options()])  # type: ignore[attr-defined]
+            for path, q in p.walk()]  # type: ignore[attr-defined]
+
+
+def test_main_builds_only_the_command_it_runs_and_the_same_one() -> None:
+    # main() builds the parser of the command on the command line only (argparse costs ~10 ms for
+    # all of them): each command's parser must come out exactly as in the whole parser.
+    from casstore.cli.app import _command_in
+
+    full = dict((path, q) for path, q in build_parser().walk())
+    for (name,), _q in [(path, q) for path, q in full.items() if len(path) == 1]:
+        alone = build_parser(name)
+        assert [path for path, _ in alone.walk() if path] == [path for path in full if path and path[0] == name]
+        assert _shape(alone)[1:] == [(path, s) for path, s in _shape(build_parser()) if path and path[0] == name]
+    assert _command_in(["--store", "x", "status", "a"]) == "status"
+    assert _command_in(["--store=x", "--debug", "ls"]) == "ls"
+    assert _command_in(["--version"]) is None and _command_in(["-h"]) is None and _command_in([]) is None
+    names = [n for n, _ in build_parser().subcommands()]
+    assert [n for n, _ in build_parser("no-such-command").subcommands()] == names  # (and its error lists them)
+    assert [n for n, _ in build_parser("status").subcommands()] == ["status"]
+
+
 def test_store_option_before_or_after_every_command() -> None:
     for path, p in _commands():
         flags = {o for a in p.options() for o in a.option_strings}  # type: ignore[attr-defined]
