@@ -354,12 +354,15 @@ class _StatCache:
         if not isinstance(ents, dict):
             return
         whole = True
+        entries = self.entries
         for k, v in ents.items():
-            if not (isinstance(k, str) and type(v) is list and len(v) == 6
-                    and all(type(x) is int for x in v[:5]) and type(v[5]) is str and len(v[5]) == HEX_LEN):
+            # (spelled out: a generator per entry cost more than the rest of the load)
+            if not (type(k) is str and type(v) is list and len(v) == 6 and type(v[0]) is int
+                    and type(v[1]) is int and type(v[2]) is int and type(v[3]) is int and type(v[4]) is int
+                    and type(v[5]) is str and len(v[5]) == HEX_LEN):
                 whole = False
                 continue
-            self.entries[k] = ((v[0], v[1], v[2], v[3], v[4]), v[5])
+            entries[k] = ((v[0], v[1], v[2], v[3], v[4]), v[5])
         version, patterns = doc.get("version"), doc.get("patterns")
         if whole and type(version) is str and type(patterns) is list and all(type(g) is str for g in patterns):
             self.version, self.patterns = version, patterns
@@ -734,6 +737,7 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
     mark = _CleanMark(store, real, cache_path)
     delta: Optional[_Delta] = None
     vouched: Dict[str, str] = {}  # with a delta: unchanged key -> the head's digest (hex), from the cache
+    changed: List[_File] = []  # with a delta: files of the head whose bytes are read and stored anew
     root_fd = _open_root(path)
     try:
         files, skipped = _walk(root_fd, patterns, _store_id(store))
@@ -744,17 +748,31 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
             _warn(skipped, path)
             return AddResult(manifest=head, created=False, added=(), modified=(), deleted=(),
                              skipped=tuple(skipped), hashed=0, hashed_bytes=0)
-        _check_keys(files)  # before anything is stored
         _warn(skipped, path)
         cache = _StatCache(store, real, cache_path)
         if head is not None and cache.vouches(head.digest, patterns):
             # Only what changed since the head is read, and the head's entries are not listed.
             delta = _delta(files, cache)
+            _check_keys(delta.added)  # before anything is stored (the others are the head's keys)
             old_hex = {f.key: cache.entries[f.key][1] for f in delta.changed}  # V's (the reads replace them)
             vouched = {k: cache.entries[k][1] for k in delta.unchanged}
-            digests, hashed, nbytes, steady = _digests(store, root_fd, delta.added + delta.changed, cache,
-                                                       keep=True, progress=progress, desc="add")
+            # A file with a new stat but its old size is hashed first: if it still holds V's bytes
+            # (touched, rewritten alike, or a racy file read again) nothing is copied or committed.
+            same = [f for f in delta.changed if f.st[2] == cache.entries[f.key][0][2]]
+            scratch = _StatCache(store, real, cache_path, load=False)
+            probed, hashed, nbytes, steady = _digests(store, root_fd, same, scratch, keep=False,
+                                                      progress=progress, desc="add")
+            for f in same:
+                d = probed.get(f.key)
+                if d is not None and d.hex == old_hex[f.key]:
+                    vouched[f.key] = d.hex
+                    cache.put(f.key, scratch.entries[f.key][0], d)  # its stat as read
+            changed = [f for f in delta.changed if f.key not in vouched]
+            digests, n_read, n_bytes, steady_ = _digests(store, root_fd, delta.added + changed, cache,
+                                                         keep=True, progress=progress, desc="add")
+            hashed, nbytes, steady = hashed + n_read, nbytes + n_bytes, steady and steady_
         else:
+            _check_keys(files)  # before anything is stored
             digests, hashed, nbytes, steady = _digests(store, root_fd, files, cache, keep=True,
                                                        progress=progress, desc="add")
     finally:
@@ -764,12 +782,9 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
         base = m.base
         if delta is not None and base is not None and head is not None and base.digest == head.digest:
             added = tuple(f.key for f in delta.added if f.key in digests)
-            modified = tuple(f.key for f in delta.changed if f.key in digests and digests[f.key].hex != old_hex[f.key])
-            deleted = tuple(delta.deleted) + tuple(f.key for f in delta.changed if f.key not in digests)
-            for k, h in vouched.items():
-                d = _digest_or_none(h)
-                if d is not None:  # (a damaged one only keeps the cache from vouching for the result)
-                    digests[k] = d
+            modified = tuple(f.key for f in changed if f.key in digests and digests[f.key].hex != old_hex[f.key])
+            deleted = tuple(delta.deleted) + tuple(f.key for f in changed if f.key not in digests)
+            present = set(digests).union(vouched)  # (vouched: left as the head has them, and so cached)
         else:
             if delta is not None:  # the head moved since we looked: compare with the new one in full
                 digests.update(_vouched_digests(store, path, vouched, cache))
@@ -778,6 +793,7 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
             added = tuple(k for k in digests if k not in old)
             modified = tuple(k for k, d in digests.items() if k in old and old[k] != d)
             deleted = tuple(k for k in old if k not in digests)
+            present = set(digests)
         for k in added + modified:
             m[k] = digests[k]
         for k in deleted:
@@ -793,7 +809,7 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
                 or base is None:
             m.meta.clear()
             m.meta.update(new_meta)
-        if base is None and not digests:
+        if base is None and not present:
             # An empty folder as a new name is still a version: set and drop a placeholder
             # key, which marks the edit changed (it is never looked up, so need not exist).
             m["_"] = hash_bytes(b"")
@@ -802,8 +818,8 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
         # does not make one; it describes a change and there is none).
     result = m.result
     assert result is not None
-    whole = steady and len(digests) == len(files)  # every file's digest is of the file as walked
-    cache.save(set(digests), version=result.digest if whole else None, patterns=patterns)
+    whole = steady and len(present) == len(files)  # every file's digest is of the file as walked
+    cache.save(present, version=result.digest if whole else None, patterns=patterns)
     if whole:
         mark.save(result.digest, patterns, files)
     else:
@@ -862,10 +878,17 @@ def folder_status(store: Store, name: str, folder: object, *, version: Optional[
             delta = _delta(files, cache)
             need = {f.key: cache.entries[f.key][0][2] for f in delta.changed}
             scratch = _StatCache(store, real, cache_path, load=False)
-            digests, hashed, _, _ = _digests(store, root_fd, delta.changed, scratch, keep=False,
-                                             progress=progress, desc="status", need=need)
+            digests, hashed, _, steady = _digests(store, root_fd, delta.changed, scratch, keep=False,
+                                                  progress=progress, desc="status", need=need)
             same = {f.key for f in delta.changed
                     if f.key in digests and digests[f.key].hex == cache.entries[f.key][1]}
+            if steady and not delta.added and not delta.deleted and len(same) == len(delta.changed):
+                # Clean after all (touched, or racy files read again): record their stats as read, so
+                # the next status is one walk again.
+                for k in same:
+                    cache.put(k, scratch.entries[k][0], digests[k])
+                cache.save({f.key for f in files}, version=base.digest, patterns=patterns)
+                mark.save(base.digest, patterns, files)
             return FolderStatus(tuple(f.key for f in delta.added),
                                 tuple(f.key for f in delta.changed if f.key not in same), tuple(delta.deleted),
                                 tuple(sorted(delta.unchanged + list(same))), tuple(skipped), base.digest, hashed)

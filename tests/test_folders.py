@@ -279,9 +279,18 @@ def test_changed_folder_costs_what_changed(store: casstore.Store, tmp_path: Path
     assert reads == ["d2/f00002"]
     assert listed == []  # and the version's entries were not listed
     reads.clear()
+    copied: List[str] = []
+    real_read = folders._read_one
+
+    def note_copies(store_: casstore.Store, root_fd: int, key: str, keep: bool) -> object:
+        if keep:
+            copied.append(key)
+        return real_read(store_, root_fd, key, keep)
+
+    monkeypatch.setattr(folders, "_read_one", note_copies)
     r = store.add("exp", f)
     assert r.created and (r.added, r.modified, r.deleted) == (("d4/new",), ("d1/f00001",), ("d3/f00003",))
-    assert sorted(reads) == ["d1/f00001", "d2/f00002", "d4/new"]
+    assert sorted(copied) == ["d1/f00001", "d4/new"]  # the rewritten-alike file was hashed, not copied
     assert listed == []
     monkeypatch.undo()
     want = {k: v for k, v in files.items() if k != "d3/f00003"}
@@ -360,6 +369,21 @@ def test_recent_files_are_vouched_for_but_always_read_again(store: casstore.Stor
     assert sorted(reads) == sorted(FILES) and listed == []
     (f / "a.txt").write_bytes(b"ALPHA")  # same size, likely the same tick as its first write
     assert store.status("exp", f).modified == ("a.txt",)
+
+
+def test_status_records_files_that_settled(store: casstore.Store, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # Files racy at the add are read by each status until one finds them settled (and the folder
+    # clean): that status records them, and the next one is a walk again.
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    store.add("exp", f)
+    monkeypatch.setattr(folders, "RACY_SECONDS", 0.0)  # as if two seconds had passed
+    reads = count_reads(monkeypatch)
+    assert not store.status("exp", f) and sorted(reads) == sorted(FILES)
+    reads.clear()
+    _drop_stat_cache(store)  # (so only the clean mark can answer)
+    assert not store.status("exp", f) and reads == []
 
 
 def test_clean_mark_not_written_for_racy_files(store: casstore.Store, tmp_path: Path) -> None:

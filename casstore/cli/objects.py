@@ -436,7 +436,6 @@ def _demo(store: Store, as_json: bool, *, temporary: bool) -> int:
 
 def register(add: Add) -> None:
     """Add the object subcommands to the ``casstore`` parser."""
-    from ..maintenance.listing import FILTER_HELP, SORT_KEYS  # help text of `ls` (cli/__init__.py: feature imports)
 
     sp = add("init", cmd_init, "create a store in DIR (an existing store is left as it is)")
     sp.add_argument("dir", nargs="?", help="the store directory (created with its parents; default: the --store one)")
@@ -462,6 +461,7 @@ def register(add: Add) -> None:
     sp.add_argument("digest", help="digest or unique prefix")
     sp.add_argument("--json", action="store_true")
     sp = add("ls", cmd_ls, "list heads and pins: versions, size, last change (or objects with --objects)")
+    from ..maintenance.listing import FILTER_HELP, SORT_KEYS  # help of `ls` (imported when `ls` is built)
     fmt = sp.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="one JSON document: a list of names (or objects), "
                      "sizes in exact bytes, time in seconds since the epoch")
