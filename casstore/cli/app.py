@@ -24,45 +24,12 @@ from typing import Optional, Sequence
 from .. import __version__
 from ..errors import CasstoreError
 from . import cache, config, doctor, folders, maintenance, manifests, objects, pipelines, remote
-from .common import JSON_HELP, Command, Parser, add_global_options, print_help
+from .common import JSON_HELP, Command, Parser, UnusedParser, add_global_options, print_help
 
 __all__ = ["main", "build_parser"]
 
 # One module per feature; each defines register(add).  The order is the order in --help.
 _COMMAND_MODULES = (objects, folders, manifests, config, pipelines, remote, maintenance, cache, doctor)
-
-
-class _Unused(Parser):
-    """Stands in for the parser of a command that is not being run: takes every call, builds nothing.
-
-    Hazard: argparse builds ~40 parsers and ~270 arguments in ~10 ms, a tenth of a whole
-    ``casstore status``; only the command on the command line needs its own.
-    """
-
-    def __init__(self) -> None:  # no argparse state at all (nothing reads it)
-        pass
-
-    def add_argument(self, *args: object, **kwargs: object) -> argparse.Action:
-        return _UNUSED_ACTION
-
-    def add_subparsers(self, *args: object, **kwargs: object) -> _Unused:  # type: ignore[override]
-        return self
-
-    def add_parser(self, *args: object, **kwargs: object) -> _Unused:
-        """(the subparsers action's method: nested actions of an unused command are unused too)"""
-        return self
-
-    def set_defaults(self, *args: object, **kwargs: object) -> None:
-        return None
-
-    def add_mutually_exclusive_group(self, *args: object, **kwargs: object) -> _Unused:  # type: ignore[override]
-        return self
-
-    def add_argument_group(self, *args: object, **kwargs: object) -> _Unused:  # type: ignore[override]
-        return self
-
-
-_UNUSED_ACTION = argparse.Action(["--unused"], "unused")
 
 
 def _command_in(argv: Sequence[str]) -> Optional[str]:
@@ -105,7 +72,7 @@ def _build(command: Optional[str]) -> Parser:
 
     def add(name: str, fn: Optional[Command], help: str) -> argparse.ArgumentParser:
         if command is not None and name != command:
-            return _Unused()
+            return UnusedParser()
         sp = sub.add_parser(name, help=help, description=help)
         sp.set_defaults(func=fn or (lambda _args: print_help(sp)), command_name=name)
         add_global_options(sp)

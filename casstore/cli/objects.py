@@ -20,7 +20,7 @@ from ..codecs import normalize_compress
 from ..digest import Digest
 from ..errors import CasstoreError, InvalidInputError, ObjectNotFoundError, ReadOnlyError, StoreFormatError
 from ..store import Store, open_store
-from .common import Add, compress_arg, open_from_args, resolve_digest, workers_arg
+from .common import Add, UnusedParser, compress_arg, open_from_args, resolve_digest, workers_arg
 
 __all__ = ["register"]
 
@@ -461,7 +461,11 @@ def register(add: Add) -> None:
     sp.add_argument("digest", help="digest or unique prefix")
     sp.add_argument("--json", action="store_true")
     sp = add("ls", cmd_ls, "list heads and pins: versions, size, last change (or objects with --objects)")
-    from ..maintenance.listing import FILTER_HELP, SORT_KEYS  # help of `ls` (imported when `ls` is built)
+    filter_help, sort_keys = "", tuple[str, ...]()  # not the command being run: its help is never shown
+    if not isinstance(sp, UnusedParser):
+        from ..maintenance.listing import FILTER_HELP, SORT_KEYS  # help of `ls`
+
+        filter_help, sort_keys = FILTER_HELP, SORT_KEYS
     fmt = sp.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="one JSON document: a list of names (or objects), "
                      "sizes in exact bytes, time in seconds since the epoch")
@@ -469,11 +473,11 @@ def register(add: Add) -> None:
     sp.add_argument("--objects", action="store_true", help="list every object (digest, size, codec) instead of names")
     sp.add_argument("--names", action="store_true", help="list heads and pins (the default; kept for scripts)")
     sp.add_argument("--all", action="store_true", help="also internal records (_fetch/..., with their URL)")
-    sp.add_argument("--sort", choices=SORT_KEYS, default=None,
+    sp.add_argument("--sort", choices=sort_keys, default=None,
                     help="name (A-Z, the default), size (largest first), time (newest first), versions (most first)")
     sp.add_argument("--reverse", "-r", action="store_true", help="reverse the sort order")
     sp.add_argument("--filter", "-f", action="append", default=[], metavar="EXPR",
-                    help=f"only names matching EXPR; repeat to AND several. {FILTER_HELP}")
+                    help=f"only names matching EXPR; repeat to AND several. {filter_help}")
     sp.add_argument("--max-versions", type=workers_arg, default=1000, metavar="N",
                     help="stop counting a name's history after N versions, shown as N+ (default 1000)")
     sp = add("demo", cmd_demo, "a guided tour: put, dedupe, get, verify and a manifest, each step explained "

@@ -42,7 +42,6 @@ Hazards this module is built around (issues 10 and 11):
 from __future__ import annotations
 
 import bisect
-import hashlib
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -73,6 +72,11 @@ from ..errors import InvalidInputError, InvalidTypeError, ObjectNotFoundError, S
 if TYPE_CHECKING:
     from ..objects.base import ObjectStore
     from ..objects.local import LocalObjects
+
+try:  # CPython's own BLAKE2: hashlib would also load OpenSSL's bindings (2.5 ms of every CLI start)
+    from _blake2 import blake2b as _blake2b
+except ImportError:  # pragma: no cover - another Python
+    from hashlib import blake2b as _blake2b
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -892,7 +896,7 @@ def clear_node_cache() -> None:
 
 
 def _rank_hash(key: str) -> int:
-    return int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+    return int.from_bytes(_blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
 def _ends(key: str, level: int) -> bool:
