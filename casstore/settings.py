@@ -39,7 +39,6 @@ own ``store.toml`` (see :mod:`casstore.config`).
 
 from __future__ import annotations
 
-import difflib
 import errno
 import math
 import os
@@ -292,6 +291,8 @@ def _steps_env(urls: bool) -> Callable[[str], object]:
         if v.lower() in _FALSE:
             return False
         items: List[object] = [i.strip() for i in v.split(",") if i.strip()]
+        import difflib  # (only here: 1.4 ms of every CLI start otherwise)
+
         for i in items:
             near = difflib.get_close_matches(str(i).lower(), sorted(_TRUE | _FALSE), n=1, cutoff=0.75)
             if near:  # "ture", "flase": a misspelt boolean must not become a step name that matches nothing
@@ -514,6 +515,8 @@ def _table_of(path: Path, doc: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]]
     unknown = [k for k in table if k not in KNOBS]
     if unknown:
         key = unknown[0]
+        import difflib  # (only for this message)
+
         near = difflib.get_close_matches(key, list(KNOBS), n=1)
         raise InvalidInputError(
             f"settings file {shown}: unknown setting {prefix}{_printable(key, _SHOW_LIMIT)} = {show_value(table[key])}"
