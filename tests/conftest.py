@@ -103,6 +103,16 @@ def run_py(code: str, *args: str, timeout: float = 120, check: bool = True,
     return r
 
 
+# casstore imports its features on first use; uid 65534 cannot read this interpreter's files
+# (root's pyenv), so everything the child may use is imported before the privileges go.
+PRELOAD = """
+import casstore
+for _name in casstore.__all__:
+    getattr(casstore, _name)
+import difflib, zstandard
+import casstore.maintenance.gc, casstore.maintenance.verify, casstore.sync.remotes
+"""
+
 DROP_PRIVILEGES = """
 import os
 os.setgroups([])
@@ -114,7 +124,7 @@ assert os.geteuid() == 65534
 
 def run_as_nobody(code: str, *args: str, timeout: float = 60) -> Dict[str, Any]:
     """Run ``code`` as uid/gid 65534 after importing casstore; it must set ``out`` (a JSON-able dict)."""
-    full = "import json, sys\nimport casstore\nimport casstore.errors\n" + DROP_PRIVILEGES + \
+    full = "import json, sys\n" + PRELOAD + DROP_PRIVILEGES + \
         textwrap.dedent(code) + "\nprint('RESULT ' + json.dumps(out))\n"
     r = run_py(full, *args, timeout=timeout)
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
-from conftest import DROP_PRIVILEGES, PYTHON, b3, compressible, name_of, object_files
+from conftest import DROP_PRIVILEGES, PRELOAD, PYTHON, b3, compressible, name_of, object_files
 
 import casstore
 from casstore.cli import main
@@ -402,7 +402,7 @@ def test_a_store_the_user_cannot_read_is_one_line(world_dir: Path) -> None:
     casstore.open(root)
     os.chmod(root / "store.toml", 0o600)  # root's; uid 65534 may not read it
     # The interpreter and casstore load as root (the venv may be closed to others), then drop to 65534.
-    code = "import sys\nfrom casstore.cli import main\n" + DROP_PRIVILEGES + "sys.exit(main(sys.argv[1:]))\n"
+    code = "import sys\nfrom casstore.cli import main\n" + PRELOAD + DROP_PRIVILEGES + "sys.exit(main(sys.argv[1:]))\n"
     for debug in ((), ("--debug",)):
         r = subprocess.run([PYTHON, "-c", code, "--store", str(root), *debug, "ls"], capture_output=True,
                            env=_env(world_dir), cwd=world_dir, timeout=120)

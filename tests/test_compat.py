@@ -26,7 +26,7 @@ import _seaweed
 import blake3
 import numpy as np
 import pytest
-from conftest import DROP_PRIVILEGES, child_json, run_py
+from conftest import DROP_PRIVILEGES, PRELOAD, child_json, run_py
 
 import casstore
 
@@ -236,7 +236,7 @@ def test_read_only_open(world_dir: Path) -> None:
                "rec": rec}
         print(json.dumps(out))
     """)
-    code = "import json, sys\nimport numpy\nimport casstore\n" + DROP_PRIVILEGES + body
+    code = "import json, sys\nimport numpy\n" + PRELOAD + "import casstore.adapters\n" + DROP_PRIVILEGES + body
     out = child_json(run_py(code, str(root), named["text_zstd"], named["array"]))
     assert out == {"writable": False, "heads": EXPECTED["heads"], "pins": EXPECTED["pins"],
                    "text": EXPECTED["objects"][named["text_zstd"]]["size"], "array": True,

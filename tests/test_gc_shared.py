@@ -15,15 +15,14 @@ import time
 from pathlib import Path
 from typing import Any, Dict
 
-from conftest import run_py
+from conftest import PRELOAD, run_py
 
 import casstore
 
 GID, UID = 4321, 4322
 
-OTHER_USER = """
+OTHER_USER = PRELOAD + """
 import json, os, sys, time
-import casstore
 from casstore.errors import CasstoreError
 os.setgroups([{gid}])
 os.setgid({gid})

@@ -1075,6 +1075,26 @@ def test_selftest_real_table_parses() -> None:
     assert any(layer.label == FEATURES for layer in table.layers)
 
 
+
+def test_lazy_package_names_are_never_shadowed_by_submodules() -> None:
+    # casstore's names are imported on first use (casstore/_lazy.py).  Importing a submodule binds
+    # it on its package, which would hide a lazy name of the same spelling (``maintenance.verify``
+    # was the module, not the function, once ``casstore.maintenance.verify`` had been imported).
+    import subprocess
+    import sys
+
+    code = """
+import importlib, pkgutil, types, casstore
+for m in pkgutil.walk_packages(casstore.__path__, "casstore."):
+    if not m.name.startswith(("casstore.cli", "casstore.compat", "casstore.fsspec", "casstore.adapters")):
+        importlib.import_module(m.name)
+bad = [n for n in casstore.__all__ if n != "errors" and isinstance(getattr(casstore, n), types.ModuleType)]
+print(bad)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
 if __name__ == "__main__":
     pkg, tbl = real()
     for title, msgs in [("1 unplaced", check_placed(pkg, tbl)), ("2 upward", check_upward(pkg, tbl)),

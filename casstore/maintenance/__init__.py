@@ -19,42 +19,11 @@ only through those layers' public APIs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Tuple
-
-from .._lazy import lazy_attributes
-
-if TYPE_CHECKING:
-    from .durations import Duration, Size, parse_duration, parse_size
-    from .gc import GCPlan, GCResult, LimitResult, limit, plan_gc, plan_limit
-    from .listing import NameFilter, NameRow, name_rows, parse_filter, select_rows
-    from .usage import NameUsage, Usage, usage
-    from .verify import VerifyReport, verify
-
-# Imported on first use: the CLI's `ls` help needs only listing's constants (casstore/_lazy.py).
-_LAZY: Dict[str, Tuple[str, str]] = {
-    "Duration": (".durations", "Duration"),
-    "Size": (".durations", "Size"),
-    "parse_duration": (".durations", "parse_duration"),
-    "parse_size": (".durations", "parse_size"),
-    "GCPlan": (".gc", "GCPlan"),
-    "GCResult": (".gc", "GCResult"),
-    "LimitResult": (".gc", "LimitResult"),
-    "limit": (".gc", "limit"),
-    "plan_gc": (".gc", "plan_gc"),
-    "plan_limit": (".gc", "plan_limit"),
-    "NameFilter": (".listing", "NameFilter"),
-    "NameRow": (".listing", "NameRow"),
-    "name_rows": (".listing", "name_rows"),
-    "parse_filter": (".listing", "parse_filter"),
-    "select_rows": (".listing", "select_rows"),
-    "NameUsage": (".usage", "NameUsage"),
-    "Usage": (".usage", "Usage"),
-    "usage": (".usage", "usage"),
-    "VerifyReport": (".verify", "VerifyReport"),
-    "verify": (".verify", "verify"),
-}
-
-__getattr__, __dir__ = lazy_attributes(__name__, globals(), _LAZY)
+from .durations import Duration, Size, parse_duration, parse_size
+from .gc import GCPlan, GCResult, LimitResult, limit, plan_gc, plan_limit
+from .listing import NameFilter, NameRow, name_rows, parse_filter, select_rows
+from .usage import NameUsage, Usage, usage
+from .verify import VerifyReport, verify
 
 __all__ = [
     "Duration",
