@@ -756,9 +756,11 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
             _check_keys(delta.added)  # before anything is stored (the others are the head's keys)
             old_hex = {f.key: cache.entries[f.key][1] for f in delta.changed}  # V's (the reads replace them)
             vouched = {k: cache.entries[k][1] for k in delta.unchanged}
-            # A file with a new stat but its old size is hashed first: if it still holds V's bytes
-            # (touched, rewritten alike, or a racy file read again) nothing is copied or committed.
-            same = [f for f in delta.changed if f.st[2] == cache.entries[f.key][0][2]]
+            # A file recorded racy (mtime -1: see _StatCache.save) and of its old size most likely
+            # still holds V's bytes: it is hashed first, and copied only if it does not.  (Any other
+            # file with a new stat is copied at once: hashing it first would read it twice.)
+            same = [f for f in delta.changed
+                    if cache.entries[f.key][0][3] == -1 and f.st[2] == cache.entries[f.key][0][2]]
             scratch = _StatCache(store, real, cache_path, load=False)
             probed, hashed, nbytes, steady = _digests(store, root_fd, same, scratch, keep=False,
                                                       progress=progress, desc="add")

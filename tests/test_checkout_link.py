@@ -159,3 +159,55 @@ def test_checkout_progress_only_when_asked_or_on_a_terminal(added: casstore.Stor
     err.truncate(0)
     added.checkout("exp", tmp_path / "off", progress=False)
     assert err.getvalue() == ""
+
+
+def _record_docs(store: casstore.Store) -> List[object]:
+    raw = (store.root / HASHED_DIR / f"{os.geteuid()}.msgpack").read_bytes()
+    u = msgpack.Unpacker(raw=False)
+    u.feed(raw)
+    return list(u)
+
+
+def _more_files(store: casstore.Store, tmp_path: Path) -> Dict[str, bytes]:
+    src = tmp_path / "src"
+    more = {f"e/g{i:02d}.bin": os.urandom(500 + i) for i in range(5)}
+    for k, data in more.items():
+        (src / k).parent.mkdir(parents=True, exist_ok=True)
+        (src / k).write_bytes(data)
+    store.add("exp", src)
+    return more
+
+
+def test_later_adds_append_to_the_record_and_it_still_vouches(added: casstore.Store, hashes: List[int],
+                                                                tmp_path: Path) -> None:
+    # Rewriting the whole record after each add of a few files cost more than those files: an add
+    # appends one document; readers merge them (the newest entry per object wins).
+    assert len(_record_docs(added)) == 1
+    _more_files(added, tmp_path)
+    docs = _record_docs(added)
+    assert len(docs) == 2 and len(docs[1]["e"]) == 5  # type: ignore[index]
+    added.checkout("exp", tmp_path / "out", link="hardlink")
+    assert hashes == []  # objects of both adds were vouched for
+
+
+def test_a_record_cut_off_mid_append_is_read_up_to_the_cut_and_then_rewritten(
+        added: casstore.Store, hashes: List[int], tmp_path: Path) -> None:
+    path = added.root / HASHED_DIR / f"{os.geteuid()}.msgpack"
+    with open(path, "ab") as f:
+        f.write(b"\x81\xa1e\x82")  # an append a crash cut short
+    more = _more_files(added, tmp_path)  # appended after the damage: unreadable, so re-hashed below
+    added.checkout("exp", tmp_path / "out", link="hardlink")
+    assert len(hashes) == len(more)  # what preceded the cut still vouched
+    docs = _record_docs(added)  # the checkout's save rewrote the record whole: it parses to the end
+    assert len(docs) == 1 and len(docs[0]["e"]) == len(FILES) + len(more)  # type: ignore[index]
+    hashes.clear()
+    added.checkout("exp", tmp_path / "out2", link="hardlink")
+    assert hashes == []
+
+
+def test_a_large_record_is_merged_and_rewritten(added: casstore.Store, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(objlocal, "_HASHED_APPEND_MAX", 1)  # every save is over the limit
+    _more_files(added, tmp_path)
+    docs = _record_docs(added)
+    assert len(docs) == 1 and len(docs[0]["e"]) == len(FILES) + 5  # type: ignore[index]

@@ -290,7 +290,7 @@ def test_changed_folder_costs_what_changed(store: casstore.Store, tmp_path: Path
     monkeypatch.setattr(folders, "_read_one", note_copies)
     r = store.add("exp", f)
     assert r.created and (r.added, r.modified, r.deleted) == (("d4/new",), ("d1/f00001",), ("d3/f00003",))
-    assert sorted(copied) == ["d1/f00001", "d4/new"]  # the rewritten-alike file was hashed, not copied
+    assert sorted(copied) == ["d1/f00001", "d2/f00002", "d4/new"]  # (d2's copy is dropped: same bytes)
     assert listed == []
     monkeypatch.undo()
     want = {k: v for k, v in files.items() if k != "d3/f00003"}
@@ -367,8 +367,20 @@ def test_recent_files_are_vouched_for_but_always_read_again(store: casstore.Stor
     listed = _no_listing(monkeypatch)
     assert not store.status("exp", f)
     assert sorted(reads) == sorted(FILES) and listed == []
+    # A re-add hashes such files before copying any: the unchanged ones are not copied again.
+    real_read = folders._read_one
+    copied: List[str] = []
+
+    def note_copies(store_: casstore.Store, root_fd: int, key: str, keep: bool) -> object:
+        if keep:
+            copied.append(key)
+        return real_read(store_, root_fd, key, keep)
+
+    monkeypatch.setattr(folders, "_read_one", note_copies)
     (f / "a.txt").write_bytes(b"ALPHA")  # same size, likely the same tick as its first write
     assert store.status("exp", f).modified == ("a.txt",)
+    r = store.add("exp", f)
+    assert r.modified == ("a.txt",) and copied == ["a.txt"] and listed == []
 
 
 def test_status_records_files_that_settled(store: casstore.Store, tmp_path: Path,

@@ -209,6 +209,7 @@ TRUST_SECONDS = 3600.0
 _HASHED_VERSION = 1
 _HASHED_MAX = 200_000  # newest entries kept: a record of a million-file add stays a few MB
 _HASHED_MAX_BYTES = 64 << 20
+_HASHED_APPEND_MAX = 8 << 20  # appended to until this size, then merged and rewritten
 
 
 class HashRecord:
@@ -234,9 +235,19 @@ class HashRecord:
     def __init__(self, root: Path, tmp: Path) -> None:
         self.path = root / HASHED_DIR / f"{os.geteuid()}.msgpack"
         self.tmp = tmp
+        # Read on first lookup: an add only notes entries, and save() merges with the file anyway
+        # (reading a record of 10,000 objects twice was a tenth of adding 1% of such a folder).
         self.entries: Dict[str, Tuple[int, int, int, int, int, int]] = {}
+        self._loaded = False
+        self._noted: Dict[str, Tuple[int, int, int, int, int, int]] = {}  # since the last save
+        self._damaged = False  # the file read had a damaged document: rewrite it, do not append to it
         self._dirty = False
-        self.entries = self._read()
+
+    def _load(self) -> None:
+        if not self._loaded:
+            on_disk = self._read()
+            on_disk.update(self.entries)  # what was noted here is newer
+            self.entries, self._loaded = on_disk, True
 
     def _read(self) -> Dict[str, Tuple[int, int, int, int, int, int]]:
         out: Dict[str, Tuple[int, int, int, int, int, int]] = {}
@@ -249,56 +260,109 @@ class HashRecord:
             if not stat_mod.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > _HASHED_MAX_BYTES:
                 return out  # not ours (a shared store's other member), or not a record at all
             with open(fd, "rb", closefd=False) as f:
-                doc = msgpack.unpackb(f.read(_HASHED_MAX_BYTES + 1), raw=False, strict_map_key=True)
-        except Exception:  # noqa: BLE001 - a damaged record is no record: everything is hashed again
+                raw = f.read(_HASHED_MAX_BYTES + 1)
+        except OSError:
             return out
         finally:
             os.close(fd)
-        ents = doc.get("e") if isinstance(doc, dict) and doc.get("v") == _HASHED_VERSION else None
-        if not isinstance(ents, dict):
+        # One document, then the documents later saves appended (see save); a damaged one ends the
+        # reading: what came before it still counts, what follows is hashed again.
+        docs = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=len(raw) + 1)
+        docs.feed(raw)
+        self._damaged = True  # until the last document is read whole
+        end = 0
+        try:
+            for doc in docs:
+                end = docs.tell()
+                ents = doc.get("e") if isinstance(doc, dict) and doc.get("v") == _HASHED_VERSION else None
+                if not isinstance(ents, dict):
+                    return out
+                for k, v in ents.items():
+                    # (spelled out: a generator per entry was most of reading a record of 10,000 objects)
+                    if (type(k) is str and len(k) == 64 and type(v) is list and len(v) == 6 and type(v[0]) is int
+                            and type(v[1]) is int and type(v[2]) is int and type(v[3]) is int
+                            and type(v[4]) is int and type(v[5]) is int):
+                        e = out.get(k)
+                        if e is None or e[5] <= v[5]:  # the newest entry per object wins
+                            out[k] = (v[0], v[1], v[2], v[3], v[4], v[5])
+        except Exception:  # noqa: BLE001 - a damaged tail is no more entries
             return out
-        for k, v in ents.items():
-            if (isinstance(k, str) and len(k) == 64 and isinstance(v, list) and len(v) == 6
-                    and all(type(x) is int for x in v)):
-                out[k] = (v[0], v[1], v[2], v[3], v[4], v[5])
+        self._damaged = end != len(raw)  # (a document cut off by a crash is not read)
         return out
 
     def trusted(self, d: Digest, st: os.stat_result, *, max_age: float = TRUST_SECONDS) -> bool:
         """Did casstore hash this very file (same dev, inode, size, mtime_ns, ctime_ns) within ``max_age``?"""
+        self._load()
         e = self.entries.get(d.hex)
         return (e is not None and e[:5] == _memo_key(st)
                 and time.time_ns() - e[5] <= int(max_age * 1e9))
 
     def note(self, d: Digest, st: os.stat_result, at_ns: Optional[int] = None) -> None:
         """Record that the object file with stat ``st`` hashed to ``d`` at ``at_ns`` (default: now)."""
-        self.entries[d.hex] = (*_memo_key(st), time.time_ns() if at_ns is None else at_ns)
+        e = (*_memo_key(st), time.time_ns() if at_ns is None else at_ns)
+        self.entries[d.hex] = e
+        self._noted[d.hex] = e
         self._dirty = True
 
     def carry(self, d: Digest, before: os.stat_result, after: os.stat_result) -> None:
         """Our own link changed the file's ctime: keep its entry if nothing but ctime changed."""
+        self._load()
         e = self.entries.get(d.hex)
         if e is not None and e[:5] == _memo_key(before) and _memo_key(after)[:4] == e[:4]:
             self.note(d, after, e[5])
 
     def save(self) -> None:
-        """Merge with the record on disk and write it (not durably: it is a cache); errors are ignored."""
+        """Append what was noted to the record, or merge and rewrite it when it grew large
+        (not durably: it is a cache); errors are ignored.
+
+        Hazard: rewriting a record of 10,000 objects after every add of a few files cost more
+        than those files.  Appends are one ``write`` to an ``O_APPEND`` descriptor, which
+        concurrent savers cannot interleave; one that lands in a file a rewrite just replaced is
+        lost, which only costs a re-hash.
+        """
         if not self._dirty:
+            return
+        if self._noted and not self._damaged and self._append():
+            self._noted.clear()
+            self._dirty = False
             return
         merged = self._read()
         for k, v in self.entries.items():
             if k not in merged or merged[k][5] <= v[5]:
                 merged[k] = v
         cutoff = time.time_ns() - int(TRUST_SECONDS * 1e9)
-        keep = sorted(((k, v) for k, v in merged.items() if v[5] >= cutoff), key=lambda kv: -kv[1][5])
-        doc = {"v": _HASHED_VERSION, "e": {k: list(v) for k, v in keep[:_HASHED_MAX]}}
+        keep = [(k, v) for k, v in merged.items() if v[5] >= cutoff]
+        if len(keep) > _HASHED_MAX:  # the newest entries win
+            keep = sorted(keep, key=lambda kv: -kv[1][5])[:_HASHED_MAX]
+        doc = {"v": _HASHED_VERSION, "e": {k: list(v) for k, v in keep}}
         try:
             makedirs(self.path.parent)
             with Staging(self.tmp, "hashed") as st:
                 st.write(msgpack.packb(doc, use_bin_type=True))
                 st.commit(self.path, durable=False, mode=0o600)
+            self._noted.clear()
             self._dirty = False
         except OSError:  # a read-only store still checks out; it just hashes again next time
             pass
+
+    def _append(self) -> bool:
+        """Append the noted entries as one more document; False when the record must be rewritten."""
+        data = msgpack.packb({"v": _HASHED_VERSION, "e": {k: list(v) for k, v in self._noted.items()}},
+                             use_bin_type=True)
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return False  # none yet (or not a file we may write): written whole
+        try:
+            st = os.fstat(fd)
+            if (not stat_mod.S_ISREG(st.st_mode) or st.st_uid != os.geteuid()
+                    or st.st_size + len(data) > _HASHED_APPEND_MAX):
+                return False  # not ours, or large enough to be merged (stale entries dropped)
+            return os.write(fd, data) == len(data)  # a short write (disk full): rewritten whole
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
 
 
 log = logging.getLogger("casstore.objects")
