@@ -214,6 +214,7 @@ def _scan(fd: int, prefix: str, patterns: Sequence[str], files: List[_File], ski
     subdirs: List[str] = []
     with os.scandir(fd) as it:
         entries = list(it)  # (the walk's results are sorted once, at its end)
+    add, new = files.append, tuple.__new__  # (the hot loop of every status: ~3 us per file)
     for e in entries:
         rel = prefix + e.name
         if patterns and _excluded(rel, patterns):
@@ -223,8 +224,8 @@ def _scan(fd: int, prefix: str, patterns: Sequence[str], files: List[_File], ski
         except FileNotFoundError:  # removed since listed
             continue
         mode = st.st_mode
-        if stat_mod.S_ISREG(mode):
-            files.append(_File(rel, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)))
+        if mode & 0o170000 == stat_mod.S_IFREG:
+            add(new(_File, (rel, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))))
         elif stat_mod.S_ISLNK(mode):
             skipped.append(Skipped(rel, "a symlink (never followed)"))
         elif stat_mod.S_ISDIR(mode):
