@@ -54,6 +54,28 @@ def count_reads(monkeypatch: pytest.MonkeyPatch) -> List[str]:
     return seen
 
 
+def count_copies(monkeypatch: pytest.MonkeyPatch) -> List[str]:
+    """A probe: every file add copied into the store (read with keep=True), whether published or not."""
+    seen: List[str] = []
+    real = folders._read_one
+
+    def probe(store: casstore.Store, root_fd: int, key: str, keep: bool) -> object:
+        if keep:
+            seen.append(key)
+        return real(store, root_fd, key, keep)
+
+    monkeypatch.setattr(folders, "_read_one", probe)
+    return seen
+
+
+def added_folder(store: casstore.Store, tmp_path: Path, files: Dict[str, bytes] = FILES) -> Path:
+    """``tmp_path/f`` holding ``files``, added as ``exp``."""
+    f = tmp_path / "f"
+    make_tree(f, files)
+    store.add("exp", f)
+    return f
+
+
 def test_add_snapshots_folder(store: casstore.Store, tmp_path: Path) -> None:
     f = tmp_path / "f"
     make_tree(f, FILES)
@@ -122,9 +144,7 @@ def test_recent_files_are_not_cached(store: casstore.Store, tmp_path: Path) -> N
 
 
 def test_corrupt_cache_is_ignored(store: casstore.Store, tmp_path: Path, no_racy: None) -> None:
-    f = tmp_path / "f"
-    make_tree(f, FILES)
-    store.add("exp", f)
+    f = added_folder(store, tmp_path)
     caches = list((store.root / "cache" / "stat").glob("*.msgpack"))
     assert len(caches) == 1
     mark = caches[0].with_suffix(".clean")
@@ -185,9 +205,7 @@ def test_clean_mark_vouches_for_an_unchanged_folder(store: casstore.Store, tmp_p
                                     "file_replaced_by_symlink", "truncated"])
 def test_clean_mark_never_hides_a_change(store: casstore.Store, tmp_path: Path, no_racy: None,
                                          change: str) -> None:
-    f = tmp_path / "f"
-    make_tree(f, FILES)
-    store.add("exp", f)
+    f = added_folder(store, tmp_path)
     mark = _mark(store)
     time.sleep(0.01)  # a later timestamp tick than the files' own
     p = f / "a.txt"
@@ -279,15 +297,7 @@ def test_changed_folder_costs_what_changed(store: casstore.Store, tmp_path: Path
     assert reads == ["d2/f00002"]
     assert listed == []  # and the version's entries were not listed
     reads.clear()
-    copied: List[str] = []
-    real_read = folders._read_one
-
-    def note_copies(store_: casstore.Store, root_fd: int, key: str, keep: bool) -> object:
-        if keep:
-            copied.append(key)
-        return real_read(store_, root_fd, key, keep)
-
-    monkeypatch.setattr(folders, "_read_one", note_copies)
+    copied = count_copies(monkeypatch)
     r = store.add("exp", f)
     assert r.created and (r.added, r.modified, r.deleted) == (("d4/new",), ("d1/f00001",), ("d3/f00003",))
     assert sorted(copied) == ["d1/f00001", "d2/f00002", "d4/new"]  # (d2's copy is dropped: same bytes)
@@ -368,15 +378,7 @@ def test_recent_files_are_vouched_for_but_always_read_again(store: casstore.Stor
     assert not store.status("exp", f)
     assert sorted(reads) == sorted(FILES) and listed == []
     # A re-add hashes such files before copying any: the unchanged ones are not copied again.
-    real_read = folders._read_one
-    copied: List[str] = []
-
-    def note_copies(store_: casstore.Store, root_fd: int, key: str, keep: bool) -> object:
-        if keep:
-            copied.append(key)
-        return real_read(store_, root_fd, key, keep)
-
-    monkeypatch.setattr(folders, "_read_one", note_copies)
+    copied = count_copies(monkeypatch)
     (f / "a.txt").write_bytes(b"ALPHA")  # same size, likely the same tick as its first write
     assert store.status("exp", f).modified == ("a.txt",)
     r = store.add("exp", f)
@@ -387,9 +389,7 @@ def test_status_records_files_that_settled(store: casstore.Store, tmp_path: Path
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     # Files racy at the add are read by each status until one finds them settled (and the folder
     # clean): that status records them, and the next one is a walk again.
-    f = tmp_path / "f"
-    make_tree(f, FILES)
-    store.add("exp", f)
+    f = added_folder(store, tmp_path)
     monkeypatch.setattr(folders, "RACY_SECONDS", 0.0)  # as if two seconds had passed
     reads = count_reads(monkeypatch)
     assert not store.status("exp", f) and sorted(reads) == sorted(FILES)
@@ -401,9 +401,7 @@ def test_status_records_files_that_settled(store: casstore.Store, tmp_path: Path
 def test_clean_mark_not_written_for_racy_files(store: casstore.Store, tmp_path: Path) -> None:
     # A file modified within RACY_SECONDS could change again in the same timestamp tick without
     # its stat changing: the mark would then vouch for bytes the folder no longer has.
-    f = tmp_path / "f"
-    make_tree(f, FILES)
-    store.add("exp", f)
+    f = added_folder(store, tmp_path)
     assert not list((store.root / "cache" / "stat").glob("*.clean"))
     assert not store.status("exp", f)
     assert not list((store.root / "cache" / "stat").glob("*.clean"))
@@ -430,9 +428,7 @@ def test_clean_mark_not_written_when_a_file_changed_while_read(store: casstore.S
                                   b"\x86\xa1v\x01\xa4root\x00\xa7version\x00\xa8patterns\x00\xa5files\x00\xa2fp\x00"])
 def test_damaged_clean_mark_is_no_mark(store: casstore.Store, tmp_path: Path, no_racy: None,
                                        junk: bytes) -> None:
-    f = tmp_path / "f"
-    make_tree(f, FILES)
-    store.add("exp", f)
+    f = added_folder(store, tmp_path)
     mark = _mark(store)
     _drop_stat_cache(store)
     mark.write_bytes(junk)
@@ -447,9 +443,7 @@ def test_a_stale_mark_of_another_folder_state_is_not_trusted(store: casstore.Sto
                                                              no_racy: None) -> None:
     # The mark of the folder as it was, copied back after the folder changed (as a restored
     # backup of the store would): its fingerprint no longer matches the walk.
-    f = tmp_path / "f"
-    make_tree(f, FILES)
-    store.add("exp", f)
+    f = added_folder(store, tmp_path)
     saved = _mark(store).read_bytes()
     (f / "sub" / "b.bin").write_bytes(os.urandom(3000))
     assert store.status("exp", f).modified == ("sub/b.bin",)
@@ -459,9 +453,7 @@ def test_a_stale_mark_of_another_folder_state_is_not_trusted(store: casstore.Sto
 
 def test_add_to_a_pin_is_refused_even_when_the_folder_is_unchanged(store: casstore.Store, tmp_path: Path,
                                                                    no_racy: None) -> None:
-    f = tmp_path / "f"
-    make_tree(f, FILES)
-    store.add("exp", f)
+    f = added_folder(store, tmp_path)
     store.freeze("exp")
     with pytest.raises(casstore.FrozenError):
         store.add("exp", f)
