@@ -143,6 +143,7 @@ class _Bounded(io.RawIOBase):
         import zstandard
 
         self._src = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True, closefd=False)
+        self._error = zstandard.ZstdError  # (kept: readinto is called per block)
         self._left = size
         self._size = size
         self._what = what
@@ -155,11 +156,9 @@ class _Bounded(io.RawIOBase):
         want = min(len(mv), self._left + 1)
         if want == 0:
             return 0
-        import zstandard
-
         try:
             n: int = self._src.readinto(mv[:want])
-        except zstandard.ZstdError as e:
+        except self._error as e:
             raise IntegrityError(f"{self._what} is corrupt: its zstd data cannot be decoded ({e})") from None
         if n > self._left:
             raise IntegrityError(

@@ -388,12 +388,12 @@ class _StatCache:
         version's) but mtime and ctime -1: no walk ever matches that stat, so the file is read
         and compared again until a later save records it settled (racy clean, as for any entry).
         """
-        racy = time.time_ns() - int(RACY_SECONDS * 1e9)
+        cutoff = time.time_ns() - int(RACY_SECONDS * 1e9)
         keep: Dict[str, Tuple[StatKey, str]] = {}
         for k, (st, h) in self.entries.items():
             if k not in present:
                 continue
-            if st[3] < racy and st[4] < racy:
+            if not _racy(st, cutoff):
                 keep[k] = (st, h)
             elif version is not None:
                 keep[k] = ((st[0], st[1], st[2], -1, -1), h)
@@ -405,12 +405,16 @@ class _StatCache:
                                "entries": {k: [*st, h] for k, (st, h) in keep.items()}}
         if claim is not None:
             doc["version"], doc["patterns"] = claim, pats
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_file_atomic(self.store.root / TMP, self.path, msgpack.packb(doc, use_bin_type=True),
-                              durable=False, mode=0o644)
-        except OSError as e:  # a read-only store still answers; it just re-reads next time
-            log.debug("stat cache %s not written: %s", self.path, e)
+        _write_cache(self.store, self.path, doc)
+
+
+def _write_cache(store: Store, path: Path, doc: Mapping[str, Any]) -> None:
+    """Write a stat cache or clean mark: temp file + rename, not durable (it is a cache)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_file_atomic(store.root / TMP, path, msgpack.packb(doc, use_bin_type=True), durable=False, mode=0o644)
+    except OSError as e:  # a read-only store still answers; it just reads or compares again next time
+        log.debug("%s not written: %s", path, e)
 
 
 def _digest_or_none(hex_: str) -> Optional[Digest]:
@@ -466,12 +470,7 @@ class _CleanMark:
             return
         doc = {"v": _CACHE_VERSION, "root": self.root, "version": version.hex, "patterns": list(patterns),
                "files": len(files), "fp": _fingerprint(files)}
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_file_atomic(self.store.root / TMP, self.path, msgpack.packb(doc, use_bin_type=True),
-                              durable=False, mode=0o644)
-        except OSError as e:  # a read-only store still answers; it just walks and compares next time
-            log.debug("clean mark %s not written: %s", self.path, e)
+        _write_cache(self.store, self.path, doc)
 
     def drop(self) -> None:
         """Forget the mark (the folder was seen to differ, or could not be vouched for)."""
