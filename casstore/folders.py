@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, NamedTuple
 import msgpack
 
 from ._faults import fault
-from ._fs import write_file_atomic
+from ._fs import read_small_file, write_file_atomic
 from ._layout import TMP, object_path
 from ._paths import key_problem
 from ._progress import Progress
@@ -89,6 +89,7 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLO
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _CACHE_VERSION = 1
 _CACHE_MAX_BYTES = 1 << 30  # a cache bigger than this is garbage, not a cache
+_MARK_MAX_BYTES = 64 << 10  # a clean mark is a root path, a version, patterns and a fingerprint
 
 StatKey = Tuple[int, int, int, int, int]
 
@@ -341,13 +342,12 @@ class _StatCache:
     def _load(self) -> None:
         # Tolerant: anything odd means "no entry"; an entry is only ever used on an exact stat match,
         # and its digest is validated when used (get / vouched).
+        raw = read_small_file(self.path, _CACHE_MAX_BYTES)  # (never a symlink followed or a FIFO waited on)
+        if raw is None:
+            return
         try:
-            with open(self.path, "rb") as f:
-                raw = f.read(_CACHE_MAX_BYTES + 1)
-            if len(raw) > _CACHE_MAX_BYTES:
-                return
             doc = msgpack.unpackb(raw, raw=False, strict_map_key=True)
-        except Exception:  # noqa: BLE001 - a missing or corrupt cache is no cache
+        except Exception:  # noqa: BLE001 - a corrupt cache is no cache
             return
         if not isinstance(doc, dict) or doc.get("v") != _CACHE_VERSION or doc.get("root") != self.root:
             return
@@ -453,10 +453,12 @@ class _CleanMark:
 
     def matches(self, version: Digest, patterns: Sequence[str], files: Sequence[_File]) -> bool:
         """True if the mark says the folder, walked as ``files``, equals ``version``."""
+        raw = read_small_file(self.path, _MARK_MAX_BYTES)
+        if raw is None:
+            return False
         try:
-            with open(self.path, "rb") as f:
-                doc = msgpack.unpackb(f.read(4096), raw=False)
-        except Exception:  # noqa: BLE001 - a missing or damaged mark is no mark
+            doc = msgpack.unpackb(raw, raw=False)
+        except Exception:  # noqa: BLE001 - a damaged mark is no mark
             return False
         return (isinstance(doc, dict) and doc.get("v") == _CACHE_VERSION and doc.get("root") == self.root
                 and doc.get("version") == version.hex and doc.get("patterns") == list(patterns)

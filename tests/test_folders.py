@@ -684,3 +684,32 @@ def test_cli_add_to_a_pin_names_the_cli(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["--store", s, "add", "exp", str(f)]) == 1
     err = capsys.readouterr().err
     assert "casstore add exp-v2" in err and "store.edit" not in err
+
+
+@pytest.mark.parametrize("what", ["mark", "stat cache"])
+@pytest.mark.parametrize("plant", ["fifo", "symlink to another folder's cache", "directory"])
+def test_planted_cache_files_are_never_followed_or_waited_on(store: casstore.Store, tmp_path: Path,
+                                                              no_racy: None, what: str, plant: str) -> None:
+    # Any member of a shared store can plant files under cache/stat: a FIFO must not block a status
+    # (open would wait for a writer), a symlink must not be followed (to a cache vouching for
+    # another folder's state), and neither may be trusted.
+    f = added_folder(store, tmp_path)
+    cache = next((store.root / "cache" / "stat").glob("*.msgpack"))
+    target = _mark(store) if what == "mark" else cache
+    other = tmp_path / "elsewhere"
+    other.write_bytes(target.read_bytes())
+    (f / "a.txt").write_bytes(b"ALPHA")  # the planted copy vouches for the folder as it was
+    target.unlink()
+    if plant == "fifo":
+        os.mkfifo(target)
+    elif plant == "directory":
+        target.mkdir()
+    else:
+        target.symlink_to(other)
+    done: List[object] = []
+    t = threading.Thread(target=lambda: done.append(store.status("exp", f)), daemon=True)
+    t.start()
+    t.join(30)
+    assert done, "status hung on a planted cache file"
+    st = done[0]
+    assert isinstance(st, folders.FolderStatus) and st.modified == ("a.txt",)
