@@ -339,24 +339,84 @@ def test_add_after_the_head_moved_elsewhere_snapshots_the_folder_exactly(store: 
     assert folder_content(store, "exp") == want
 
 
-def test_damaged_digest_in_a_vouching_cache_is_read_again(store: casstore.Store, tmp_path: Path,
-                                                          no_racy: None) -> None:
+def _cache_file(store: casstore.Store) -> Path:
+    caches = list((store.root / "cache" / "stat").glob("*.msgpack"))
+    assert len(caches) == 1, caches
+    return caches[0]
+
+
+def _cache_entries(store: casstore.Store) -> Dict[str, tuple]:
+    """The stat cache decoded: key -> (dev, ino, size, mtime_ns, ctime_ns, digest hex)."""
+    import struct
+
+    import msgpack
+
+    doc = msgpack.unpackb(_cache_file(store).read_bytes(), raw=False)
+    keys, rows, digests = doc["keys"], doc["rows"], doc["digests"]
+    assert keys == sorted(keys) and len(rows) == 40 * len(keys) and len(digests) == 32 * len(keys)
+    return {k: (*struct.unpack_from("<QQQqq", rows, 40 * i), digests[32 * i:32 * i + 32].hex())
+            for i, k in enumerate(keys)}
+
+
+@pytest.mark.parametrize("damage", ["digests one byte short", "rows one byte long", "a key twice",
+                                    "a key not a string", "rows not bytes", "format 1"])
+def test_damaged_vouching_cache_is_no_cache(store: casstore.Store, tmp_path: Path, no_racy: None,
+                                            monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
+    # A vouching cache whose columns do not line up must not be half-used (a row read as
+    # another key's, a digest shifted by one): the whole file is ignored and every file is read.
     import msgpack
 
     f = tmp_path / "f"
     make_tree(f, MANY)
-    store.add("exp", f)
-    cache = next((store.root / "cache" / "stat").glob("*.msgpack"))
+    v = store.add("exp", f).digest
+    cache = _cache_file(store)
     doc = msgpack.unpackb(cache.read_bytes(), raw=False)
-    assert doc["version"] == str(store.manifest("exp").digest).removeprefix("blake3:")
-    doc["entries"]["d2/f002"][5] = "Z" * 64  # not hex
+    assert doc["version"] == v.hex and doc["v"] == 2
+    if damage == "digests one byte short":
+        doc["digests"] = doc["digests"][:-1]
+    elif damage == "rows one byte long":
+        doc["rows"] += b"\0"
+    elif damage == "a key twice":
+        doc["keys"][1] = doc["keys"][0]
+    elif damage == "a key not a string":
+        doc["keys"][0] = 7
+    elif damage == "rows not bytes":
+        doc["rows"] = list(doc["rows"])
+    else:
+        doc = {"v": 1, "root": doc["root"], "version": doc["version"], "patterns": doc["patterns"],
+               "entries": {k: [0, 0, 0, 0, 0, "0" * 64] for k in doc["keys"]}}
     cache.write_bytes(msgpack.packb(doc))
     _mark(store).unlink()
-    with store.edit("exp") as m:  # the head moves, so add needs every digest
-        m["other"] = store.put(b"o")
     (f / "d1/f001").write_bytes(b"ours")
+    reads = count_reads(monkeypatch)
+    st = store.status("exp", f)
+    assert st.modified == ("d1/f001",) and len(st.unchanged) == len(MANY) - 1
+    assert sorted(reads) == sorted(k for k in MANY if k != "d1/f001")  # no row trusted (that one: a new size)
+    with store.edit("exp") as m:  # the head moves too: add compares with it in full
+        m["other"] = store.put(b"o")
     store.add("exp", f)
     assert folder_content(store, "exp") == dict(MANY, **{"d1/f001": b"ours"})
+
+
+def test_far_future_timestamps_are_never_cached(store: casstore.Store, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch, no_racy: None) -> None:
+    # A timestamp past 2262 does not fit a cache row: such a file is read every time (never a
+    # crash, never a match), and the others are cached as usual.
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    far = (2 ** 63 + 10 ** 12, 2 ** 63 + 10 ** 12)
+    os.utime(f / "a.txt", ns=far)
+    if os.stat(f / "a.txt").st_mtime_ns < 2 ** 63:
+        pytest.skip("this filesystem cannot hold a timestamp past 2262")
+    store.add("exp", f)
+    reads = count_reads(monkeypatch)
+    assert not store.status("exp", f) and reads == ["a.txt"]
+    reads.clear()
+    (f / "a.txt").write_bytes(b"ALPHA")
+    os.utime(f / "a.txt", ns=far)
+    assert store.status("exp", f).modified == ("a.txt",) and reads == ["a.txt"]
+    r = store.add("exp", f)
+    assert r.modified == ("a.txt",) and folder_content(store, "exp")["a.txt"] == b"ALPHA"
 
 
 def test_recent_files_are_vouched_for_but_always_read_again(store: casstore.Store, tmp_path: Path,
@@ -369,10 +429,11 @@ def test_recent_files_are_vouched_for_but_always_read_again(store: casstore.Stor
     f = tmp_path / "f"
     make_tree(f, FILES)
     v = store.add("exp", f).digest
-    cache = next((store.root / "cache" / "stat").glob("*.msgpack"))
-    doc = msgpack.unpackb(cache.read_bytes(), raw=False)
-    assert doc["version"] == v.hex and sorted(doc["entries"]) == sorted(FILES)
-    assert all(e[3] == -1 and e[4] == -1 for e in doc["entries"].values())
+    doc = msgpack.unpackb(_cache_file(store).read_bytes(), raw=False)
+    entries = _cache_entries(store)
+    assert doc["version"] == v.hex and sorted(entries) == sorted(FILES)
+    assert all(e[3] == -1 and e[4] == -1 for e in entries.values())
+    assert {k: e[5] for k, e in entries.items()} == {k: b3(c).removeprefix("blake3:") for k, c in FILES.items()}
     reads = count_reads(monkeypatch)
     listed = _no_listing(monkeypatch)
     assert not store.status("exp", f)
