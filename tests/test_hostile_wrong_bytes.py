@@ -127,6 +127,25 @@ def test_verified_once_memo_notices_a_rewrite(store: casstore.Store) -> None:
         store.path(d, verify=True)
 
 
+def test_verified_memo_spares_the_hash_of_a_settled_file(store: casstore.Store,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import casstore.objects.local as objlocal
+
+    seen: list[int] = []
+    real = objlocal.hash_fd
+
+    def counting(fd: int, size: int, **kw: object) -> casstore.Digest:
+        seen.append(size)
+        return real(fd, size)
+
+    monkeypatch.setattr(objlocal, "hash_fd", counting)
+    d = store.put(os.urandom(100_000))
+    time.sleep(0.05)  # past the clock tick of the put: see tests/test_coarse_timestamps.py
+    for _ in range(3):
+        store.path(d, verify=True)
+    assert seen == [100_000]
+
+
 def test_put_path_of_an_endless_device_is_refused_at_once(store: casstore.Store) -> None:
     # A pipe is streamed (tests/test_store_basic.py); a character device like
     # /dev/zero never ends and would fill the disk.

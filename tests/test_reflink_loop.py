@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator, List, Set, Tuple
 
 import pytest
+from _loopmount import loop_mount
 
 import casstore
 from casstore._fsprobe import probe
@@ -28,39 +29,12 @@ IMAGE_SIZE = 512 << 20  # sparse: costs only what XFS writes
 OBJECT_SIZE = 64 << 20
 
 
-def _unavailable(reason: str) -> None:
-    # CI runs as root with xfsprogs installed: there a skip would hide a broken setup.
-    if os.environ.get("CASSTORE_REQUIRE_LOOP") == "1":
-        pytest.fail(f"CASSTORE_REQUIRE_LOOP=1 but {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="session")
 def xfs_mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A freshly formatted XFS (reflink=1) loop mount, unmounted at the end of the session even on failure."""
-    if os.geteuid() != 0:
-        _unavailable("loop-mounting an image needs root")
-    for tool in ("mkfs.xfs", "losetup", "mount", "umount", "filefrag"):
-        if shutil.which(tool) is None:
-            _unavailable(f"{tool} not found (apt-get install xfsprogs e2fsprogs util-linux mount)")
-    base = tmp_path_factory.mktemp("xfsloop")
-    image, mnt = base / "xfs.img", base / "mnt"
-    mnt.mkdir()
-    with open(image, "wb") as f:
-        f.truncate(IMAGE_SIZE)
-    mk = subprocess.run(["mkfs.xfs", "-q", "-f", "-m", "reflink=1", str(image)], capture_output=True, text=True)
-    if mk.returncode != 0:
-        _unavailable(f"mkfs.xfs -m reflink=1 failed: {mk.stderr.strip()[:300]}")
-    mt = subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], capture_output=True, text=True)
-    if mt.returncode != 0:
-        _unavailable(f"mount -o loop failed (no loop device? try modprobe loop): {mt.stderr.strip()[:300]}")
-    try:
+    with loop_mount(tmp_path_factory.mktemp("xfsloop"), ["mkfs.xfs", "-q", "-f", "-m", "reflink=1"], IMAGE_SIZE,
+                    tools=["filefrag"]) as mnt:
         yield mnt
-    finally:
-        # A lazy unmount if a straggler still holds a file open: the loop device is freed when it lets go.
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-        image.unlink(missing_ok=True)
 
 
 def _extents(path: Path) -> List[Tuple[int, int, str]]:

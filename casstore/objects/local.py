@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import stat as stat_mod
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -122,6 +123,38 @@ def _memo_key(st: os.stat_result) -> Tuple[int, int, int, int, int]:
 
 def _memo_hit(key: Tuple[int, int, int, int, int], d: Digest) -> bool:
     return _VERIFIED.get(key) == d.hex
+
+
+# A change stamps a file with the kernel's *coarse* clock (CLOCK_REALTIME_COARSE: one tick,
+# 4-10 ms), so a file whose ctime is in the current tick can change again without its ctime
+# moving: git's "racy clean" entry.  Where that clock cannot be read, the fine clock minus
+# the longest tick (HZ=100) stands in for it.
+_CLOCK_COARSE = 5 if sys.platform.startswith("linux") else None  # (the time module does not name it)
+_TICK_NS = 10_000_000
+_SECOND_NS = 1_000_000_000
+
+
+def _tick_ns() -> int:
+    """A moment no later than the stamp any change made from now on gets (see ``_settled``)."""
+    if _CLOCK_COARSE is not None:
+        with contextlib.suppress(OSError):
+            return time.clock_gettime_ns(_CLOCK_COARSE)
+    return time.time_ns() - _TICK_NS
+
+
+def _settled(st: os.stat_result, tick_ns: int) -> bool:
+    """Would any change made after ``tick_ns`` (a :func:`_tick_ns`) give this file a new ctime?
+
+    Only then may a memo keyed by its stat vouch for its bytes.  Hazard (CI saw it): put,
+    verify, chmod, write and chmod again within one clock tick left (size, mtime_ns, ctime_ns)
+    unchanged, and the memo vouched for the rewritten bytes.  A ctime of whole seconds means
+    a filesystem that keeps only seconds (ext3; FAT keeps two): settled two seconds later.  (A
+    network filesystem stamps with the server's clock; a skew is not covered: docs/security.md.)
+    """
+    c = st.st_ctime_ns
+    if c % _SECOND_NS == 0:
+        return c + 2 * _SECOND_NS <= tick_ns
+    return c < tick_ns
 
 
 def _memo_add(key: Tuple[int, int, int, int, int], d: Digest) -> None:
@@ -1220,7 +1253,8 @@ class LocalObjects(ObjectStore):
 
         A verified-once memo keyed by (device, inode, size, mtime_ns, ctime_ns)
         makes repeated calls in one process free while the file is unchanged
-        (any change to the file, even ``touch``, changes the key).
+        (any change to the file, even ``touch``, changes the key; a file changed
+        within the clock's last tick is not memoized, see ``_settled``).
         """
         loc = self.locate(digest)
         fd, st = open_object_file(loc.path, digest)
@@ -1231,10 +1265,12 @@ class LocalObjects(ObjectStore):
             key = _memo_key(st)
             if _memo_hit(key, digest):
                 return
+            before = _tick_ns()  # read before the bytes are: see _settled
             with self.open(digest) as f:
                 while f.read(CHUNK):
                     pass
-            _memo_add(key, digest)
+            if _settled(st, before):
+                _memo_add(key, digest)
         finally:
             os.close(fd)
 
@@ -1250,13 +1286,15 @@ class LocalObjects(ObjectStore):
         key = _memo_key(st)
         if _memo_hit(key, digest):
             return
+        before = _tick_ns()  # read before the bytes are: see _settled
         got = hash_fd(fd, st.st_size)
         if got != digest:
             raise IntegrityError(
                 f"object {digest} is corrupt: its bytes hash to {got}; file {path}. "
                 "Run `casstore verify --repair` and put the data again"
             )
-        _memo_add(key, digest)
+        if _settled(st, before):  # a file changed within the clock's last tick is hashed again next time
+            _memo_add(key, digest)
 
     # -- listing --
 
