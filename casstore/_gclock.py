@@ -22,12 +22,13 @@ Lock order: a name lock (``locks/names/...``) before these; GC takes no name
 lock, so the two can never deadlock.  Like every casstore lock these only
 serialize; correctness of objects never depends on them.
 
-On the lease path (``_lock.py``: locks missing or not enforced) both are
-lease files, and a lease is exclusive even when taken ``shared``: committers
-then serialize on ``gc.lock`` for the milliseconds each holds it, and GC still
-excludes them all.  The gate keeps its role (a GC holding it stops new
-committers), and nothing here nests a lock of the same file (a lease would
-wait for itself until the timeout).
+On the lease path (``_lock.py``: locks missing or not enforced) a committer's
+shared hold of ``gc.lock`` is a holder file of its own, and GC's exclusive
+lease waits for those files to go; the lease stops new committers the moment
+GC creates it (``LockStrategy.writer_first``), so committers skip the gate
+there: on FUSE or NFS each lease operation is a round trip, and the gate was
+a third of a commit's.  Nothing here nests a lock of the same file (a lease
+would wait for itself until the timeout).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from ._layout import LOCKS
-from ._lock import FileLock
+from ._lock import FileLock, strategy_for
 
 __all__ = ["commit_lock", "gc_lock", "GC_LOCK", "GC_GATE"]
 
@@ -58,8 +59,11 @@ def commit_lock(store_or_root: object, *, timeout: Optional[float] = 600.0) -> I
     """Hold the GC lock shared (for landing references to objects)."""
     locks = _root(store_or_root) / LOCKS
     lock = FileLock(locks / GC_LOCK, timeout=timeout, shared=True, what="the store's GC lock (a gc is deleting)")
-    with FileLock(locks / GC_GATE, timeout=timeout, shared=True, what="the store's GC gate (a gc is starting)"):
+    if strategy_for(lock.path)[0].writer_first:
         lock.acquire()
+    else:
+        with FileLock(locks / GC_GATE, timeout=timeout, shared=True, what="the store's GC gate (a gc is starting)"):
+            lock.acquire()
     try:
         yield
     finally:

@@ -81,10 +81,25 @@ lease alone.  A claim whose creator died before finishing is older than
 ``n + 1``.  Hazard left open, as with every lease: a holder paused for longer
 than the expiry (SIGSTOP, a VM freeze) may be taken over while it still
 believes it holds the lock; heartbeat holders beat from a thread, so only a
-stopped process or a starved host gets there.  Leases are exclusive even when
-``shared=True`` is asked for (committers then serialize on the GC lock for
-the milliseconds they hold it; nesting a shared lock of the same file within
-one process would wait for itself -- casstore never does).
+stopped process or a starved host gets there.
+
+Shared leases (the GC lock that every commit holds shared).  A shared holder
+creates its own file ``<lock>.shared/<host>.<pid>.<random>`` (a unique name:
+a plain ``O_EXCL`` create, with its record), *then* looks for ``<lock>.lease``:
+if it is there, it removes its file and waits as an exclusive waiter would.
+An exclusive acquirer creates ``<lock>.lease`` first, *then* lists
+``<lock>.shared/`` and waits until no live holder file is left.  Whichever of
+the two goes second sees the other (each one's create is visible before its
+look), so an exclusive holder never overlaps a shared one, shared holders
+never wait for each other, and a waiting exclusive acquirer stops new shared
+holders at once (``writer_first``: no gate needed).  A holder file is judged
+as a lease is (dead local pid; unchanged for its expiry; no record for 2 s)
+and removed when stale; only regular files count (anything else planted
+there is never opened nor waited for).  A shared hold costs four operations
+(create, write, look, unlink) where an exclusive lease costs about sixteen:
+on FUSE and NFS, where each is a round trip, that is most of a commit.
+An exclusive acquirer that holds the same lock shared in its own process
+would wait for itself until its timeout -- casstore never nests them.
 """
 
 from __future__ import annotations
@@ -109,7 +124,7 @@ from .errors import LockTimeout, ReadOnlyError
 
 __all__ = ["FileLock", "DEFAULT_TIMEOUT", "BEAT_EVERY", "CHECK_EVERY", "Holder", "read_holder", "LEASE_EXPIRY",
            "LockStrategy", "FlockStrategy", "PosixStrategy", "LeaseStrategy", "STRATEGIES", "configure",
-           "strategy_for", "degrade", "lease_path", "LocksUnsupported", "Filesystem", "filesystem"]
+           "strategy_for", "degrade", "lease_path", "shared_dir", "LocksUnsupported", "Filesystem", "filesystem"]
 
 log = logging.getLogger("casstore.lock")
 
@@ -327,6 +342,10 @@ class LockStrategy:
     name = "?"
     """``flock``, ``posix`` or ``lease``: the ``lock_mode`` value that selects it."""
 
+    writer_first = False
+    """Does an exclusive acquirer stop new shared holders at once, while it waits for the current ones
+    to leave?  Kernel locks have no queue (``_gclock.py`` adds a gate for that); leases do."""
+
     def acquire(self, lock: FileLock) -> None:
         """Take ``lock`` (waiting as its timeout allows) or raise :class:`LockTimeout` / :class:`LocksUnsupported`."""
         raise NotImplementedError
@@ -434,24 +453,34 @@ class LeaseStrategy(LockStrategy):
 
     name = "lease"
 
+    writer_first = True
+
     def acquire(self, lock: FileLock) -> None:
-        """Create the lease, or wait for it (taking over a stale one, exactly one waiter winning)."""
+        """Create the lease (or, ``shared``, a holder file beside it), or wait for it (taking over a stale
+        one, exactly one waiter winning); an exclusive holder then waits for shared holders to leave."""
         lease = lease_path(lock.path)
         w = _Wait(lock)
         seen: Optional[_Sig] = None
         changed = w.start
+        look_first = False
         while True:
-            fd = self._create(lock, lease)
-            if fd is None:  # a shared lock on a read-only store: nothing to exclude, nothing to hold
-                lock._pid = os.getpid()
-                lock._strategy = self
-                return
-            if fd >= 0:
-                self._hold(lock, fd)
-                return
+            # A waiter looks before it tries: a failed create is four operations (a round trip each on
+            # FUSE or NFS) that slow the holder down, a look is one open.
+            sig, holder, beats = _look(lease) if look_first else (None, None, False)
+            if sig is None:
+                if lock.shared:
+                    if self._try_shared(lock, lease):
+                        return
+                else:
+                    fd = self._create(lock, lease)
+                    if fd >= 0:
+                        self._hold(lock, fd)
+                        self._drain_shared(lock, w)
+                        return
+                sig, holder, beats = _look(lease)
+            look_first = True
             now = time.monotonic()
-            sig, holder, beats = _look(lease)
-            if sig is None:  # released between our create and our look (or unreadable: the timeout applies)
+            if sig is None:  # released between our try and our look (or unreadable: the timeout applies)
                 w.pause(now)
                 continue
             if sig != seen:
@@ -463,12 +492,70 @@ class LeaseStrategy(LockStrategy):
             stale_after = _MIN_BEATS * holder.every if holder is not None else _NO_RECORD_EXPIRY
             if (holder is not None and holder.alive() is False) or now - changed >= stale_after:
                 if self._steal(lock, lease, sig, holder):
-                    return
+                    if not lock.shared:
+                        self._drain_shared(lock, w)
+                        return
+                    self.release(lock)  # we ended the stale exclusive lease; now enter as a shared holder
+                    continue
             w.pause(now)
 
+    def _try_shared(self, lock: FileLock, lease: Path) -> bool:
+        """Become a shared holder unless an exclusive lease is in the way (module docstring: "Shared leases").
+
+        The holder file is created first, the lease looked for second; an exclusive acquirer creates
+        its lease first and lists holder files second: whichever goes second sees the other.
+        """
+        if os.path.lexists(lease):
+            return False
+        where = shared_dir(lock.path)
+        path = where / f"{_HOST.replace('/', '_')}.{os.getpid()}.{os.urandom(6).hex()}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            try:
+                fd = os.open(path, flags, lock.mode)
+            except FileNotFoundError:
+                makedirs(where)
+                fd = os.open(path, flags, lock.mode)
+        except OSError as e:
+            if not isinstance(e, PermissionError) and e.errno != errno.EROFS:
+                raise
+            # A reader of a read-only store: nothing to exclude, nothing to hold (as with kernel locks).
+            lock._pid = os.getpid()
+            lock._strategy = self
+            return True
+        try:
+            share_new_file(fd, where)
+            every, beats = _lease_beat(lock)
+            os.pwrite(fd, _record(lock.what, every, beats), 0)  # (a holder killed before this: no record, 2 s)
+            if os.path.lexists(lease):  # an exclusive holder came first: leave, and wait for it
+                _unlink(path)
+                os.close(fd)
+                return False
+        except BaseException:
+            _unlink(path)
+            os.close(fd)
+            raise
+        lock._fd = fd
+        lock._shared_file = path
+        lock._pid = os.getpid()
+        lock._strategy = self
+        _held.add(lock)
+        if beats:
+            lock._beat = _Beat(fd, every)
+        return True
+
+    def _drain_shared(self, lock: FileLock, w: _Wait) -> None:
+        """Holding the exclusive lease, wait until no shared holder is left (a dead or stale one's file is
+        removed); on a timeout the lease is released before :class:`LockTimeout` is raised."""
+        try:
+            _drain(lock, w)
+        except BaseException:
+            self.release(lock)
+            raise
+
     @staticmethod
-    def _create(lock: FileLock, lease: Path) -> Optional[int]:
-        """The new lease's descriptor, -1 if one exists, None for a shared lock that cannot write here."""
+    def _create(lock: FileLock, lease: Path) -> int:
+        """The new lease's descriptor, or -1 if one exists."""
         try:
             try:
                 fd = LeaseStrategy._publish(lock, lease)
@@ -480,8 +567,6 @@ class LeaseStrategy(LockStrategy):
         except OSError as e:
             if not isinstance(e, PermissionError) and e.errno != errno.EROFS:
                 raise
-            if lock.shared:
-                return None
             raise ReadOnlyError(
                 f"cannot create lease file {lease}: {e.strerror}; the store is read-only for this process"
             ) from None
@@ -492,15 +577,15 @@ class LeaseStrategy(LockStrategy):
     def _publish(lock: FileLock, lease: Path) -> int:
         """Create the lease with its record already in it (:func:`_publish_record`), so no lease is ever
         seen without a record and a creator killed mid-way costs its waiters nothing."""
-        return _publish_record(lease, _record(lock.what, 1.0, False), lock.mode)
+        every, beats = _lease_beat(lock)
+        return _publish_record(lease, _record(lock.what, every, beats), lock.mode)
 
-    def _hold(self, lock: FileLock, fd: int) -> None:
-        """Write our record into the lease open as ``fd`` and start beating if asked."""
+    def _hold(self, lock: FileLock, fd: int, *, write: bool = False) -> None:
+        """Hold the lease open as ``fd`` (writing our record into it if ``write``) and start beating if asked."""
+        every, beats = _lease_beat(lock)
         try:
-            beats = lock.heartbeat is not None
-            every = min(max(float(lock.heartbeat), 0.01), _MAX_EVERY) if lock.heartbeat is not None \
-                else LEASE_EXPIRY / _MIN_BEATS
-            os.pwrite(fd, _record(lock.what, every, beats), 0)
+            if write:
+                os.pwrite(fd, _record(lock.what, every, beats), 0)
             lock._lease_ino = os.fstat(fd).st_ino
         except BaseException:
             os.close(fd)
@@ -530,7 +615,7 @@ class LeaseStrategy(LockStrategy):
                 os.close(fd)
                 _unlink(tmp)
                 raise
-            self._hold(lock, fd)
+            self._hold(lock, fd, write=True)
         finally:
             for c in claims:
                 _unlink(c)
@@ -541,9 +626,21 @@ class LeaseStrategy(LockStrategy):
         return True
 
     def release(self, lock: FileLock) -> None:
-        """Remove our lease file -- after winning its end claim, so a stealer cannot replace it meanwhile."""
+        """Remove our lease file -- after winning its end claim, so a stealer cannot replace it meanwhile --
+        or our shared holder file."""
+        shared, lock._shared_file = lock._shared_file, None
         fd = lock._end_beat()
         if fd < 0:  # the read-only shared no-op hold
+            return
+        if shared is not None:
+            try:
+                if os.getpid() == lock._pid:
+                    try:
+                        os.unlink(shared)
+                    except FileNotFoundError:
+                        _taken_over(lock, shared)  # an exclusive acquirer judged us stale and removed it
+            finally:
+                os.close(fd)
             return
         try:
             if os.getpid() != lock._pid:
@@ -567,6 +664,60 @@ class LeaseStrategy(LockStrategy):
                     _unlink(c)
         finally:
             os.close(fd)
+
+
+def _lease_beat(lock: FileLock) -> Tuple[float, bool]:
+    """(seconds between beats, whether it beats) for ``lock``'s lease record."""
+    if lock.heartbeat is not None:
+        return min(max(float(lock.heartbeat), 0.01), _MAX_EVERY), True
+    return LEASE_EXPIRY / _MIN_BEATS, False
+
+
+def shared_dir(path: Path) -> Path:
+    """The directory of the shared holders' files of the lock at ``path`` (lease mode)."""
+    return path.with_name(path.name + ".shared")
+
+
+def _drain(lock: FileLock, w: _Wait) -> None:
+    """Wait until the shared-holder directory of ``lock`` holds no live holder's file."""
+    where = shared_dir(lock.path)
+    seen: Dict[str, Tuple[_Sig, float]] = {}
+    while True:
+        try:
+            dfd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return  # never taken shared (ENOENT), or not a directory we made (a planted link): no holders
+        try:
+            # Hostile entries (anyone who can write the store can plant them): only regular files are
+            # holders; a directory, FIFO or symlink is never opened and never waited for.
+            names = [e.name for e in os.scandir(dfd) if e.is_file(follow_symlinks=False)]
+        finally:
+            os.close(dfd)
+        now = time.monotonic()
+        live: List[Tuple[_Sig, Optional[Holder]]] = []
+        for name in names:
+            path = where / name
+            sig, holder, beats = _look(path)
+            if sig is None:
+                continue  # released meanwhile
+            prev = seen.get(name)
+            changed = now if prev is None or prev[0] != sig else prev[1]
+            seen[name] = (sig, changed)
+            stale_after = _MIN_BEATS * holder.every if holder is not None else _NO_RECORD_EXPIRY
+            if (holder is not None and holder.alive() is False) or now - changed >= stale_after:
+                _unlink(path)
+                who = holder.describe() if holder is not None else "a holder that wrote no record"
+                log.warning("removed the stale shared hold on %s (%s) of %s", lock.what, path, who)
+                continue
+            live.append((sig, holder if beats else None))
+        if not live:
+            return
+        if now >= w.next_check:
+            # Any holder leaving or arriving (or beating) is a sign of life; a beating holder's record
+            # stretches the timeout to its stall limit, a non-beating one's (milliseconds) does not.
+            beating = [h for _, h in live if h is not None]
+            w.saw((len(live), hash(tuple(sorted(sig for sig, _ in live)))), beating[0] if beating else None, now)
+        w.pause(now)
 
 
 def _taken_over(lock: FileLock, lease: Path) -> None:
@@ -894,7 +1045,7 @@ class FileLock:
     """
 
     __slots__ = ("path", "timeout", "what", "shared", "log_every", "heartbeat", "_fd", "mode", "_pid", "_beat",
-                 "_record", "_strategy", "_lease_ino", "__weakref__")
+                 "_record", "_strategy", "_lease_ino", "_shared_file", "__weakref__")
 
     def __init__(self, path: Path, *, timeout: Optional[float] = DEFAULT_TIMEOUT, what: str = "",
                  shared: bool = False, log_every: float = 10.0, mode: int = 0o666,
@@ -912,6 +1063,7 @@ class FileLock:
         self._record = False
         self._strategy: Optional[LockStrategy] = None
         self._lease_ino = 0
+        self._shared_file: Optional[Path] = None  # lease mode, shared: this holder's file
 
     @property
     def held(self) -> bool:

@@ -119,9 +119,18 @@ def run_writers_against_gc(root: Path, *, grace: float, seconds: float) -> Dict[
     return totals
 
 
-def test_gc_concurrent_with_4_writers_lock_alone(tmp_path: Path) -> None:
+@pytest.fixture(params=["flock", "lease"])
+def lock_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The store's locks, in this process and in the writers it starts: kernel locks, or lease files
+    (shared holder files for commits, an exclusive lease for gc: ``_lock.py`` "Shared leases")."""
+    monkeypatch.setenv("CASSTORE_LOCK_MODE", request.param)
+    return str(request.param)
+
+
+def test_gc_concurrent_with_4_writers_lock_alone(tmp_path: Path, lock_mode: str) -> None:
     """grace=0: only the lock protects. Commits may be refused, but no ref ever dangles."""
     t = run_writers_against_gc(tmp_path / "s", grace=0, seconds=7)
+    assert casstore.open(tmp_path / "s").filesystem().lock_mode == lock_mode
     assert t["rounds"] >= 10 and t["deleted"] > 100 and t["commits"] > 200, t
     assert t["pins"] > 0 and t["unpins"] > 0, t
 
@@ -161,9 +170,10 @@ print(m.result.digest)
 """
 
 
-def test_gc_waits_for_a_commit_in_progress_and_spares_what_it_lands(tmp_path: Path) -> None:
+def test_gc_waits_for_a_commit_in_progress_and_spares_what_it_lands(tmp_path: Path, lock_mode: str) -> None:
     root = tmp_path / "s"
     store = casstore.open(root)
+    assert store.filesystem().lock_mode == lock_mode
     marker, go = tmp_path / "in-commit", tmp_path / "go"
     p = subprocess.Popen([PYTHON, "-c", SLOW_COMMIT, str(root), str(marker), str(go)], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, cwd=REPO)

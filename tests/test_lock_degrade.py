@@ -154,9 +154,9 @@ HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     from casstore import _lock
-    path, beat = Path(sys.argv[1]), sys.argv[2]
+    path, beat, shared = Path(sys.argv[1]), sys.argv[2], sys.argv[3:] == ["shared"]
     _lock.configure(path.parent, "lease")
-    lk = _lock.FileLock(path, timeout=5, heartbeat=float(beat) if beat != "none" else None).acquire()
+    lk = _lock.FileLock(path, timeout=5, heartbeat=float(beat) if beat != "none" else None, shared=shared).acquire()
     print("held", flush=True)
     sys.stdin.readline()
     lk.release()
@@ -164,8 +164,8 @@ HOLDER = textwrap.dedent("""
 """)
 
 
-def _start_holder(path: Path, beat: str, tmp_path: Path) -> subprocess.Popen[str]:
-    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), beat], env=child_env(tmp_path),
+def _start_holder(path: Path, beat: str, tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), beat, *extra], env=child_env(tmp_path),
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert p.stdout is not None and p.stdout.readline().strip() == "held"
     return p
@@ -250,6 +250,114 @@ def test_racing_stealers_one_wins(tmp_path: Path) -> None:
         assert lines == ["in", "out"] * 4, lines
         assert not lease_path(path).exists()
     assert [n for n in os.listdir(path.parent) if ".end." in n or ".new." in n] == []
+
+
+# -- shared leases (the GC lock that commits hold shared): holder files beside the lease --------------
+
+
+def _lease_dir(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / "locks" / name
+    path.parent.mkdir()
+    _lock.configure(path.parent, "lease")
+    return path
+
+
+def test_shared_holds_admit_each_other_and_exclude_an_exclusive_one(tmp_path: Path) -> None:
+    path = _lease_dir(tmp_path, "g.lock")
+    a = FileLock(path, timeout=1, shared=True).acquire()
+    t = time.monotonic()
+    b = FileLock(path, timeout=1, shared=True).acquire()  # no wait for the other shared holder
+    assert time.monotonic() - t < 0.5 and a.kind == b.kind == "lease"
+    assert len(os.listdir(_lock.shared_dir(path))) == 2 and not lease_path(path).exists()
+    with pytest.raises(casstore.LockTimeout, match="g.lock"):
+        FileLock(path, timeout=0.3).acquire()  # waits for both; a non-beating holder does not stretch it
+    assert not lease_path(path).exists()  # the timed-out acquirer left no lease to block the next ones
+    a.release()
+    with pytest.raises(casstore.LockTimeout):
+        FileLock(path, timeout=0.3).acquire()
+    b.release()
+    assert os.listdir(_lock.shared_dir(path)) == []
+    with FileLock(path, timeout=1):
+        assert lease_path(path).exists()
+        with pytest.raises(casstore.LockTimeout):  # an exclusive holder keeps new shared holders out
+            FileLock(path, timeout=0.3, shared=True).acquire()
+        assert os.listdir(_lock.shared_dir(path)) == []  # the one that met the lease removed its file
+    with FileLock(path, timeout=1, shared=True):
+        pass
+
+
+def test_sigkilled_shared_holder_is_cleared_by_the_exclusive_acquirer(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    path = _lease_dir(tmp_path, "g.lock")
+    p = _start_holder(path, "none", tmp_path, "shared")
+    with pytest.raises(casstore.LockTimeout):
+        FileLock(path, timeout=0.3).acquire()  # a live shared holder is waited for
+    p.kill()
+    p.wait()
+    t = time.monotonic()
+    with FileLock(path, timeout=10):  # its pid is dead on this host: its file is removed at once
+        assert time.monotonic() - t < 1.0
+    assert os.listdir(_lock.shared_dir(path)) == []
+    assert "removed the stale shared hold" in caplog.text
+
+
+def test_planted_entries_among_shared_holders(tmp_path: Path) -> None:
+    """Only regular files are holders: a directory, FIFO or symlink is never opened nor waited for; a
+    file without a record (a holder killed between create and write, or junk) is stale after 2 s."""
+    path = _lease_dir(tmp_path, "g.lock")
+    d = _lock.shared_dir(path)
+    d.mkdir()
+    (d / "adir").mkdir()
+    os.mkfifo(d / "afifo")
+    (d / "alink").symlink_to("/dev/zero")
+    t = time.monotonic()
+    with FileLock(path, timeout=5):
+        assert time.monotonic() - t < 0.5
+    (d / "junk").write_bytes(b"not a record")
+    t = time.monotonic()
+    with FileLock(path, timeout=10):
+        assert 1.5 < time.monotonic() - t < 5.0
+    assert not (d / "junk").exists() and (d / "afifo").exists()
+
+
+SHARED_OR_NOT = textwrap.dedent(r"""
+    import os, sys, time
+    from pathlib import Path
+    from casstore import _lock
+    path, log, shared, rounds = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "shared", int(sys.argv[4])
+    _lock.configure(path.parent, "lease")
+    tag = b"S" if shared else b"X"
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    for _ in range(rounds):
+        with _lock.FileLock(path, timeout=60, shared=shared):
+            os.write(fd, tag + b"+\n")
+            time.sleep(0.001)
+            os.write(fd, tag + b"-\n")
+""")
+
+
+def test_exclusive_never_overlaps_a_shared_hold_across_processes(tmp_path: Path) -> None:
+    path = _lease_dir(tmp_path, "g.lock")
+    log = tmp_path / "log"
+    log.write_text("")
+    env = child_env(tmp_path)
+    # Two of each: exclusive acquirers racing shared ones at their create-then-look step.
+    procs = [subprocess.Popen([sys.executable, "-c", SHARED_OR_NOT, str(path), str(log), kind, "300"], env=env,
+                              stderr=subprocess.PIPE, text=True)
+             for kind in ("shared", "exclusive", "shared", "exclusive")]
+    for q in procs:
+        _, err = q.communicate(timeout=JOIN)
+        assert q.returncode == 0, err
+    inside = {"S": 0, "X": 0}
+    overlapped_shared = False
+    for line in log.read_text().split():
+        kind, sign = line[0], line[1]
+        inside[kind] += 1 if sign == "+" else -1
+        assert inside["X"] in (0, 1) and not (inside["X"] and inside["S"]), "exclusive overlapped a holder"
+        overlapped_shared |= inside["S"] > 1
+    assert inside == {"S": 0, "X": 0}
+    assert overlapped_shared  # shared holders did run side by side (else this proves little)
+    assert len(log.read_text().split()) == 4 * 300 * 2
 
 
 def _cache_writer(cache: IndexCache, barrier: Any, q: Any) -> None:
