@@ -33,6 +33,7 @@ from typing import Any, Callable, Generic, List, Optional, Protocol, Tuple, Type
 
 __all__ = [
     "seek_target",
+    "stamp_floor_ns",
     "Staging",
     "fsync_dir",
     "write_file_atomic",
@@ -106,6 +107,30 @@ def _writer_alive(pid: int, start: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# A change stamps a file with the kernel's *coarse* clock (CLOCK_REALTIME_COARSE: one tick,
+# 4-10 ms), so a file stamped in the current tick can change again without its stat moving:
+# git's "racy clean" entry.  Where that clock cannot be read, the fine clock minus the longest
+# tick (HZ=100) stands in for it.
+_CLOCK_COARSE = 5 if sys.platform.startswith("linux") else None  # (the time module does not name it)
+_TICK_NS = 10_000_000
+
+
+def stamp_floor_ns() -> int:
+    """A moment no later than the timestamp this kernel gives any change made from now on.
+
+    A file whose ctime is *below* a floor read before its stat was taken cannot change again
+    without getting a new ctime, so a memo keyed by that stat is safe (on a filesystem this
+    kernel stamps with sub-second timestamps; not on FUSE or network ones: their daemon's or
+    server's clock stamps them).
+    """
+    if _CLOCK_COARSE is not None:
+        try:
+            return time.clock_gettime_ns(_CLOCK_COARSE)
+        except OSError:
+            pass
+    return time.time_ns() - _TICK_NS
 
 
 def fsync_dir(path: os.PathLike[str] | str) -> None:

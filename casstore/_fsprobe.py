@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
-__all__ = ["FsInfo", "probe", "LOCK_UNSUPPORTED", "ofd_lock", "ofd_unlock", "mount_of"]
+__all__ = ["FsInfo", "probe", "LOCK_UNSUPPORTED", "ofd_lock", "ofd_unlock", "mount_of", "syncfs_trusted",
+           "local_timestamps"]
 
 LOCK_UNSUPPORTED = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL, errno.ENOTSUP})
 """errnos that mean "this filesystem has no such lock" (never "someone else holds it")."""
@@ -110,6 +111,13 @@ def syncfs_trusted(fstype: str) -> bool:
     every batch on the common case.
     """
     return not (fstype.startswith("fuse") or fstype in _UNTRUSTED_SYNCFS)
+
+
+def local_timestamps(fstype: str) -> bool:
+    """Rule: does this kernel's clock stamp the files of this filesystem type?  Not on FUSE (the
+    daemon sets them) nor on network and cluster filesystems (the server's clock): the same types
+    :func:`syncfs_trusted` leaves out.  An unknown type (``?``) is a local kernel filesystem."""
+    return syncfs_trusted(fstype)
 
 
 def ofd_lock(fd: int, shared: bool) -> bool:

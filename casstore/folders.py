@@ -53,7 +53,8 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, NamedTuple
 import msgpack
 
 from ._faults import fault
-from ._fs import read_small_file, write_file_atomic
+from ._fs import read_small_file, stamp_floor_ns, write_file_atomic
+from ._fsprobe import local_timestamps, mount_of
 from ._layout import TMP, object_path
 from ._paths import key_problem
 from ._progress import Progress
@@ -421,22 +422,22 @@ class _StatCache:
         """True if the entries are exactly ``version``'s, for a walk with ``patterns``."""
         return self.version == version.hex and self.patterns == list(patterns)
 
-    def save(self, present: Set[str], *, version: Optional[Digest] = None, patterns: Sequence[str] = ()) -> None:
+    def save(self, present: Set[str], *, floor: int, version: Optional[Digest] = None,
+             patterns: Sequence[str] = ()) -> None:
         """Keep the settled entries of ``present`` keys; claim ``version`` if every one of them is kept.
 
-        With a claim, a file modified within ``RACY_SECONDS`` is kept with its digest (the
-        version's) but mtime and ctime -1: no walk ever matches that stat, so the file is read
-        and compared again until a later save records it settled (racy clean, as for any entry).
-        Only entries put since the load are checked: a loaded row was settled (or smudged) when
-        it was saved, and time only moves on.
+        ``floor``: a :func:`stamp_floor_ns` read before the walk (see :func:`_racy`).  With a
+        claim, a racy file is kept with its digest (the version's) but mtime and ctime -1: no
+        walk ever matches that stat, so the file is read and compared again until a later save
+        records it settled (racy clean, as for any entry).  Only entries put since the load are
+        checked: a loaded row was settled (or smudged) when it was saved, and time only moves on.
         """
-        cutoff = time.time_ns() - int(RACY_SECONDS * 1e9)
         fresh: Dict[str, Tuple[bytes, bytes]] = {}  # rows put since the load and kept
         for k, (st, d) in self.new.items():
             if k not in present:
                 continue
             row = _pack_row(st)
-            if _racy(st, cutoff) or row[-16:] == _UNMATCHABLE:
+            if _racy(st, floor) or row[-16:] == _UNMATCHABLE:
                 if version is None:
                     continue  # (the loaded row, if any, goes too: it is not the file as read)
                 row = _pack_row((st[0], st[1], st[2], -1, -1))
@@ -536,10 +537,9 @@ class _CleanMark:
                 and doc.get("version") == version.hex and doc.get("patterns") == list(patterns)
                 and doc.get("files") == len(files) and doc.get("fp") == _fingerprint(files))
 
-    def save(self, version: Digest, patterns: Sequence[str], files: Sequence[_File]) -> None:
-        """Record that the folder, walked as ``files``, equals ``version`` (unless a file is racy)."""
-        cutoff = time.time_ns() - int(RACY_SECONDS * 1e9)
-        if any(_racy(f.st, cutoff) for f in files):
+    def save(self, version: Digest, patterns: Sequence[str], files: Sequence[_File], floor: int) -> None:
+        """Record that the folder, walked as ``files`` (after ``floor``), equals ``version`` (unless a file is racy)."""
+        if any(_racy(f.st, floor) for f in files):
             self.drop()  # a write in the same timestamp tick would go unseen
             return
         doc = {"v": _MARK_VERSION, "root": self.root, "version": version.hex, "patterns": list(patterns),
@@ -557,10 +557,28 @@ class _CleanMark:
 # -- hashing -------------------------------------------------------------------
 
 
-def _racy(st: StatKey, cutoff: Optional[int] = None) -> bool:
-    """Modified or changed within ``RACY_SECONDS`` (of ``cutoff``'s moment, if given)."""
-    if cutoff is None:
-        cutoff = time.time_ns() - int(RACY_SECONDS * 1e9)
+_FSTYPES: Dict[int, str] = {}  # st_dev -> filesystem type (mountinfo), for _racy
+
+
+def _racy(st: StatKey, floor: int) -> bool:
+    """Could the file change again without its stat changing (git's "racy clean")?
+
+    ``floor``: a :func:`stamp_floor_ns` read before ``st`` was taken.  On a filesystem this
+    kernel stamps, with sub-second timestamps (ext4, XFS, btrfs, tmpfs, overlay...), a change
+    made after the floor gets a ctime at or above it: a file stamped below it is settled at
+    once.  Hazard: the rule is only as good as the clock that stamps the file, so on FUSE and
+    network filesystems (their daemon's or server's clock), and where timestamps are whole
+    seconds, a file modified within ``RACY_SECONDS`` of now is racy instead.  (Before the floor
+    rule a file written just before an add was racy for 2 s, and the next add read it again:
+    a third of adding 1% of a 10,000-file folder.)
+    """
+    dev = st[0]
+    fstype = _FSTYPES.get(dev)
+    if fstype is None:
+        fstype = _FSTYPES[dev] = mount_of(dev)[0]
+    if st[4] % 1_000_000_000 and local_timestamps(fstype):
+        return st[3] >= floor or st[4] >= floor
+    cutoff = time.time_ns() - int(RACY_SECONDS * 1e9)
     return st[3] >= cutoff or st[4] >= cutoff
 
 
@@ -575,6 +593,7 @@ def _read_one(store: Store, root_fd: int, key: str, keep: bool
         raise
     try:
         for attempt in range(ATTEMPTS):
+            floor = stamp_floor_ns()  # before the stat: a write during the copy then moves it (see _racy)
             before = os.fstat(fd)
             if not stat_mod.S_ISREG(before.st_mode):  # a FIFO swapped in since the walk (O_NONBLOCK: no hang)
                 raise FileNotFoundError(errno.ENOENT, f"{key} is no longer a regular file")
@@ -589,7 +608,7 @@ def _read_one(store: Store, root_fd: int, key: str, keep: bool
                     d = hash_fd(fd, before.st_size)
                 after = os.fstat(fd)
                 st = _stat_key(after)
-                if st == _stat_key(before) and (not keep or not _racy(st) or hash_fd(fd, st[2]) == d):
+                if st == _stat_key(before) and (not keep or not _racy(st, floor) or hash_fd(fd, st[2]) == d):
                     return d, st, st[2], staged
             except IntegrityError:  # shrank while hashed
                 pass
@@ -814,6 +833,7 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
     changed: List[_File] = []  # with a delta: files of the head whose bytes are read and stored anew
     was: Dict[str, Tuple[StatKey, Digest]] = {}  # with a delta: what the cache had for the changed files
     root_fd = _open_root(path)
+    floor = stamp_floor_ns()  # before the walk's stats (see _racy)
     try:
         files, skipped = _walk(root_fd, patterns, _store_id(store))
         head = _unfrozen_head(store, name)
@@ -896,9 +916,9 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
     result = m.result
     assert result is not None
     whole = steady and len(present) == len(files)  # every file's digest is of the file as walked
-    cache.save(present, version=result.digest if whole else None, patterns=patterns)
+    cache.save(present, floor=floor, version=result.digest if whole else None, patterns=patterns)
     if whole:
-        mark.save(result.digest, patterns, files)
+        mark.save(result.digest, patterns, files, floor)
     else:
         mark.drop()
     return AddResult(manifest=result, created=result is not base, added=tuple(sorted(added)),
@@ -921,6 +941,7 @@ def folder_status(store: Store, name: str, folder: object, *, version: Optional[
     real, cache_path = _cache_path(store, path)
     mark = _CleanMark(store, real, cache_path)
     root_fd = _open_root(path)
+    floor = stamp_floor_ns()  # before the walk's stats (see _racy)
     try:
         files, skipped = _walk(root_fd, patterns, _store_id(store))
         if base is not None and mark.matches(base.digest, patterns, files):
@@ -942,8 +963,8 @@ def folder_status(store: Store, name: str, folder: object, *, version: Optional[
                 # the next status is one walk again.
                 for k in same:
                     cache.put(k, scratch.entry(k)[0], digests[k])
-                cache.save({f.key for f in files}, version=base.digest, patterns=patterns)
-                mark.save(base.digest, patterns, files)
+                cache.save({f.key for f in files}, floor=floor, version=base.digest, patterns=patterns)
+                mark.save(base.digest, patterns, files, floor)
             return FolderStatus(tuple(f.key for f in delta.added),
                                 tuple(f.key for f in delta.changed if f.key not in same), tuple(delta.deleted),
                                 tuple(sorted(delta.unchanged + list(same))), tuple(skipped), base.digest, hashed)
@@ -962,11 +983,11 @@ def folder_status(store: Store, name: str, folder: object, *, version: Optional[
     deleted = sorted(k for k in old if k not in keys)
     clean = base is not None and steady and not (added or modified or deleted)
     if clean and base is not None:
-        cache.save(keys, version=base.digest, patterns=patterns)
+        cache.save(keys, floor=floor, version=base.digest, patterns=patterns)
     elif cache.version is None:  # (a cache vouching for another version, the head say, stays as it was)
-        cache.save(keys)
+        cache.save(keys, floor=floor)
     if clean and base is not None:
-        mark.save(base.digest, patterns, files)
+        mark.save(base.digest, patterns, files, floor)
     return FolderStatus(tuple(added), tuple(modified), tuple(deleted), tuple(unchanged), tuple(skipped),
                         base.digest if base is not None else None, hashed)
 

@@ -1,5 +1,7 @@
 """Memos keyed by a file's stat on a filesystem that keeps whole seconds only (loop-mounted ext4, 128-byte inodes).
 
+The folder stat cache keeps the two-second racy rule there (tests/test_folders_racy.py has the others).
+
 On ``$TMPDIR`` (ext4 or tmpfs on a recent kernel) a change right after a ``stat`` gets a new, finer
 ctime, so a memo keyed by (device, inode, size, mtime, ctime) sees it.  Where timestamps are coarse
 (whole seconds here; one 4-10 ms clock tick on older kernels, where CI once missed a rewrite) a file
@@ -10,6 +12,7 @@ changed twice within one stamp keeps its key.  ``path(d, verify=True)`` and
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -61,3 +64,15 @@ def test_mmap_verify_is_not_fooled_by_a_rewrite_within_one_stamp(seconds_fs: Pat
         _rewrite(store.path(d), store.stat(d).size - 8, b"\xff" * 8)
         with pytest.raises(IntegrityError):
             store.get_array(d, mmap=True, verify=True)
+
+
+def test_folder_files_with_whole_second_stamps_stay_racy_for_two_seconds(seconds_fs: Path, tmp_path: Path) -> None:
+    from test_folders import make_tree
+    from test_folders_racy import FILES, smudged
+
+    store = casstore.open(tmp_path / "store")
+    f = seconds_fs / "folder"
+    make_tree(f, FILES)
+    time.sleep(0.05)  # past this kernel's tick: settled by the floor rule, not by the stamps' second
+    store.add("exp", f)
+    assert smudged(store) == set(FILES)

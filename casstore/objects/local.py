@@ -28,7 +28,6 @@ import logging
 import os
 import re
 import stat as stat_mod
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -63,6 +62,7 @@ from .._fs import (
     pwrite_all,
     read_up_to,
     run_beside,
+    stamp_floor_ns,
     syncfs,
 )
 from .._fsprobe import mount_of, overlay_upper, syncfs_trusted
@@ -125,25 +125,11 @@ def _memo_hit(key: Tuple[int, int, int, int, int], d: Digest) -> bool:
     return _VERIFIED.get(key) == d.hex
 
 
-# A change stamps a file with the kernel's *coarse* clock (CLOCK_REALTIME_COARSE: one tick,
-# 4-10 ms), so a file whose ctime is in the current tick can change again without its ctime
-# moving: git's "racy clean" entry.  Where that clock cannot be read, the fine clock minus
-# the longest tick (HZ=100) stands in for it.
-_CLOCK_COARSE = 5 if sys.platform.startswith("linux") else None  # (the time module does not name it)
-_TICK_NS = 10_000_000
 _SECOND_NS = 1_000_000_000
 
 
-def _tick_ns() -> int:
-    """A moment no later than the stamp any change made from now on gets (see ``_settled``)."""
-    if _CLOCK_COARSE is not None:
-        with contextlib.suppress(OSError):
-            return time.clock_gettime_ns(_CLOCK_COARSE)
-    return time.time_ns() - _TICK_NS
-
-
 def _settled(st: os.stat_result, tick_ns: int) -> bool:
-    """Would any change made after ``tick_ns`` (a :func:`_tick_ns`) give this file a new ctime?
+    """Would any change made after ``tick_ns`` (a :func:`stamp_floor_ns`) give this file a new ctime?
 
     Only then may a memo keyed by its stat vouch for its bytes.  Hazard (CI saw it): put,
     verify, chmod, write and chmod again within one clock tick left (size, mtime_ns, ctime_ns)
@@ -1265,7 +1251,7 @@ class LocalObjects(ObjectStore):
             key = _memo_key(st)
             if _memo_hit(key, digest):
                 return
-            before = _tick_ns()  # read before the bytes are: see _settled
+            before = stamp_floor_ns()  # read before the bytes are: see _settled
             with self.open(digest) as f:
                 while f.read(CHUNK):
                     pass
@@ -1286,7 +1272,7 @@ class LocalObjects(ObjectStore):
         key = _memo_key(st)
         if _memo_hit(key, digest):
             return
-        before = _tick_ns()  # read before the bytes are: see _settled
+        before = stamp_floor_ns()  # read before the bytes are: see _settled
         got = hash_fd(fd, st.st_size)
         if got != digest:
             raise IntegrityError(
