@@ -20,19 +20,19 @@ docs/folders.md for the user's view.
   stat is compared before and after the copy.  A file whose stat changed is
   retried (3 attempts) and then reported (:class:`FileChangedError`); it is
   never stored mixed.  Timestamps are coarse (a kernel tick), so a write in
-  the same tick as the previous one can leave the stat unchanged: for a file
-  modified within the last ``RACY_SECONDS`` the source is hashed again after
-  the copy and must match.
+  the same tick as the previous one can leave the stat unchanged: for a racy
+  file (:func:`_racy`) the source is hashed again after the copy and must match.
 * **The stat cache** ``<store>/cache/stat/<blake3(folder realpath)[:32]>.msgpack``
   maps a key to (device, inode, size, mtime_ns, ctime_ns, digest), column-wise
   (:class:`_StatCache`).  An entry is
   used only on an exact match of all five (ctime too: ``utime`` can put mtime
   back, but nothing can set ctime).  It is written by temp file + atomic rename
   (last writer wins, which is safe because entries are exact-stat keyed) and
-  read tolerantly: a damaged file or entry is ignored, never trusted.  Files
-  modified within ``RACY_SECONDS`` of the save are not cached (git's "racy
-  clean" problem: a second write in the same timestamp tick would leave the
-  stat unchanged and the cached digest wrong).
+  read tolerantly: a damaged file or entry is ignored, never trusted.  Racy
+  files (:func:`_racy`: stamped in the tick the operation began in, or, where
+  another clock stamps them, modified within ``RACY_SECONDS``) are not cached
+  (git's "racy clean" problem: a second write in the same timestamp tick would
+  leave the stat unchanged and the cached digest wrong).
 """
 
 from __future__ import annotations
