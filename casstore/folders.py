@@ -513,8 +513,8 @@ class _CleanMark:
     the mark makes it one walk.  It is the stat cache's promise for the whole
     folder, so it keeps that cache's rules: every file's (device, inode, size,
     mtime_ns, ctime_ns) and the set of keys are in the fingerprint; it is written
-    only when the folder was found equal to V with no file modified within
-    ``RACY_SECONDS`` and none changing while read; it is read tolerantly (any
+    only when the folder was found equal to V with no racy file (:func:`_racy`)
+    and none changing while read; it is read tolerantly (any
     oddity is no mark) and names a version digest, so it holds for whichever
     name points there.  Last writer wins (temp file + rename).
     """
