@@ -205,6 +205,10 @@ def bench_folder_workflow(quick: bool) -> List[Row]:
         def apply_change(r: int) -> None:
             if r not in changed:
                 changed[r] = _change(paths, r, 0.01, rng)
+            else:
+                # The other tool ran first this round (the order rotates): flush what it left dirty
+                # (dvc writes its cache without fsync), or casstore's durable add pays for it.
+                os.sync()
 
         def cas_changed(r: int) -> Dict[str, float]:
             return {"status": _run(_cas(store, "status", "data", str(data))),
