@@ -535,13 +535,8 @@ class LeaseStrategy(LockStrategy):
             _unlink(path)
             os.close(fd)
             raise
-        lock._fd = fd
         lock._shared_file = path
-        lock._pid = os.getpid()
-        lock._strategy = self
-        _held.add(lock)
-        if beats:
-            lock._beat = _Beat(fd, every)
+        self._own(lock, fd, every, beats)
         return True
 
     def _drain_shared(self, lock: FileLock, w: _Wait) -> None:
@@ -590,6 +585,10 @@ class LeaseStrategy(LockStrategy):
         except BaseException:
             os.close(fd)
             raise
+        self._own(lock, fd, every, beats)
+
+    def _own(self, lock: FileLock, fd: int, every: float, beats: bool) -> None:
+        """``lock`` now holds ``fd`` (its lease or shared holder file); beat it if asked."""
         lock._fd = fd
         lock._pid = os.getpid()
         lock._strategy = self

@@ -133,6 +133,21 @@ def run_as_nobody(code: str, *args: str, timeout: float = 60) -> Dict[str, Any]:
     return result
 
 
+def counting_hash_fd(monkeypatch: pytest.MonkeyPatch) -> List[int]:
+    """Sizes of the object files the objects layer hashes (its ``hash_fd``: verify_file, verify_fd), in order."""
+    import casstore.objects.local as local_mod
+
+    calls: List[int] = []
+    real = local_mod.hash_fd
+
+    def counted(fd: int, size: int, **kw: Any) -> casstore.Digest:
+        calls.append(size)
+        return real(fd, size, **kw)
+
+    monkeypatch.setattr(local_mod, "hash_fd", counted)
+    return calls
+
+
 def compressible(n: int, seed: int = 0) -> bytes:
     """``n`` bytes that zstd shrinks a lot (repetitive text with some variation)."""
     words = [b"alpha", b"beta", b"gamma", b"delta", b"epsilon", b"zeta", b"eta", b"theta"]

@@ -18,6 +18,7 @@ from typing import Dict, List
 import msgpack
 import pytest
 from _corrupt import flip_byte
+from conftest import counting_hash_fd
 
 import casstore
 from casstore import IntegrityError
@@ -41,14 +42,7 @@ def added(store: casstore.Store, tmp_path: Path) -> casstore.Store:
 def hashes(monkeypatch: pytest.MonkeyPatch) -> List[int]:
     """Sizes of the object files the objects layer hashes (its verify_fd), counted; the per-process memo
     is emptied so only the persistent record can spare a hash."""
-    seen: List[int] = []
-    real = objlocal.hash_fd
-
-    def counting(fd: int, size: int, **kw: object) -> casstore.Digest:
-        seen.append(size)
-        return real(fd, size)
-
-    monkeypatch.setattr(objlocal, "hash_fd", counting)
+    seen = counting_hash_fd(monkeypatch)
     monkeypatch.setattr(objlocal, "_VERIFIED", {})
     return seen
 

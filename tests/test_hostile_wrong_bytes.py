@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import compressible
+from conftest import compressible, counting_hash_fd
 
 import casstore
 import casstore._faults as faults
@@ -129,16 +129,7 @@ def test_verified_once_memo_notices_a_rewrite(store: casstore.Store) -> None:
 
 def test_verified_memo_spares_the_hash_of_a_settled_file(store: casstore.Store,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import casstore.objects.local as objlocal
-
-    seen: list[int] = []
-    real = objlocal.hash_fd
-
-    def counting(fd: int, size: int, **kw: object) -> casstore.Digest:
-        seen.append(size)
-        return real(fd, size)
-
-    monkeypatch.setattr(objlocal, "hash_fd", counting)
+    seen = counting_hash_fd(monkeypatch)
     d = store.put(os.urandom(100_000))
     time.sleep(0.05)  # past the clock tick of the put: see tests/test_coarse_timestamps.py
     for _ in range(3):

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from _corrupt import flip_byte
 from _fetch_helpers import assert_objects_valid, b3
+from conftest import counting_hash_fd
 
 import casstore
 import casstore.objects.local as local_mod
@@ -181,23 +182,11 @@ def test_put_overlapped_bytes(store: casstore.Store) -> None:
 # -- get_array(mmap=True, verify=True): hashed once per file state ----------------------------
 
 
-def _counting_hash_fd(monkeypatch: pytest.MonkeyPatch) -> List[int]:
-    calls: List[int] = []
-    real = local_mod.hash_fd
-
-    def counted(fd: int, size: int, **kw: Any) -> Digest:
-        calls.append(size)
-        return real(fd, size, **kw)
-
-    monkeypatch.setattr(local_mod, "hash_fd", counted)
-    return calls
-
-
 def test_mmap_verify_hashes_once_then_maps(store: casstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
     a = np.random.default_rng(3).random(3 * MiB, dtype=np.float32)
     d = store.put_array(a)
     time.sleep(0.05)  # past the clock tick of the put: a file changed in this tick is not memoized
-    calls = _counting_hash_fd(monkeypatch)
+    calls = counting_hash_fd(monkeypatch)
     m = store.get_array(d, mmap=True, verify=True)
     assert isinstance(m, np.memmap) and np.array_equal(m, a)
     assert len(calls) == 1
