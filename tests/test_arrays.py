@@ -609,3 +609,18 @@ def test_start_writeback_is_only_a_hint(tmp_path: Path) -> None:
         st.start_writeback(1 << 30, 1 << 20)
         assert os.pread(st.fd, 20_000, 0) == b"x" * 10_000
         st.abort()
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_a_parsed_header_is_reused_only_for_the_same_bytes_and_size(store: casstore.Store, mmap: bool) -> None:
+    # Headers are memoized by their exact bytes and the object's size: the same header on an
+    # object of another size is checked again (and refused), never taken from the memo.
+    a = np.arange(1000, dtype=np.float64)
+    good = store.put_array(a, compress=False)
+    assert np.array_equal(store.get_array(good, mmap=mmap), a)  # parsed and memoized
+    raw = store.get(good)
+    for bad in (raw + b"\0" * 8, raw[:-8]):
+        d = store.put(bad, compress=False)
+        with pytest.raises(casstore.StoreFormatError, match="describing 8000 data bytes"):
+            store.get_array(d, mmap=mmap)
+    assert np.array_equal(store.get_array(good, mmap=mmap), a)

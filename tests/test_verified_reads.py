@@ -187,6 +187,8 @@ def test_mmap_verify_hashes_once_then_maps(store: casstore.Store, monkeypatch: p
     d = store.put_array(a)
     time.sleep(0.05)  # past the clock tick of the put: a file changed in this tick is not memoized
     calls = counting_hash_fd(monkeypatch)
+    real = local_mod.new_hasher  # verify_mapped hashes the map it hands out with a fresh hasher
+    monkeypatch.setattr(local_mod, "new_hasher", lambda **kw: calls.append(-1) or real(**kw))
     m = store.get_array(d, mmap=True, verify=True)
     assert isinstance(m, np.memmap) and np.array_equal(m, a)
     assert len(calls) == 1
@@ -205,6 +207,34 @@ def test_mmap_verify_corrupt_file_raises(store: casstore.Store) -> None:
         store.get_array(d, mmap=True, verify=True)
     # Documented default: a map is not verified unless asked (today's behaviour kept).
     assert isinstance(store.get_array(d, mmap=True), np.memmap)
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("where", ["first data byte", "last data byte", "header padding", "header, still parsing"])
+def test_mmap_verify_hashes_the_map_it_returns(store: casstore.Store, order: str, where: str) -> None:
+    # The hash covers the header as read and the returned map's own pages in file order, for C and
+    # Fortran layouts alike: an intact object maps, a flipped bit anywhere is IntegrityError.
+    a = np.arange(6 * 1024 * 32, dtype=np.float32).reshape(6 * 1024, 32)
+    a = np.asfortranarray(a) if order == "F" else a
+    d = store.put_array(a)
+    m = store.get_array(d, mmap=True, verify=True)
+    assert isinstance(m, np.memmap) and np.array_equal(m, a) and m.flags.f_contiguous == (order == "F")
+    size = store.stat(d).size
+    offset = size - a.nbytes
+    if where == "header, still parsing":  # a padding space made a tab: numpy parses the same array
+        p = store.path(d)
+        raw = bytearray(p.read_bytes())
+        assert raw[offset - 3:offset] == b"  \n"
+        raw[offset - 3] = 0x09
+        os.chmod(p, 0o644)
+        p.write_bytes(bytes(raw))
+        os.chmod(p, 0o444)
+        assert np.array_equal(np.load(p, mmap_mode="r"), a)  # numpy alone would not notice
+    else:
+        at = {"first data byte": offset, "last data byte": size - 1, "header padding": offset - 3}[where]
+        flip_byte(store.path(d), at)
+    with pytest.raises(IntegrityError, match=d.hex[:16]):
+        store.get_array(d, mmap=True, verify=True)
 
 
 @pytest.mark.parametrize("change", ["in-place", "appended", "replaced-same-mtime"])

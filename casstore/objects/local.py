@@ -1282,6 +1282,33 @@ class LocalObjects(ObjectStore):
         if _settled(st, before):  # a file changed within the clock's last tick is hashed again next time
             _memo_add(key, digest)
 
+    def verify_mapped(self, digest: Digest, st: os.stat_result, parts: Sequence[Buffer], path: str) -> None:
+        """Check that ``parts``, in order, are the bytes of the raw object file with stat ``st``: the
+        :meth:`verify_fd` memo, but hashing buffers the caller already holds (a memory map it hands out).
+
+        Why: ``get_array(mmap=True, verify=True)`` hashed the file through a mapping of its own, then
+        numpy mapped it again; hashing the very map returned saves a map, an unmap (whose TLB
+        shoot-down interrupts both cores after a pooled hash) and the second round of page faults.
+        Pass the file as one buffer where possible: blake3's pool splits one contiguous update over
+        the cores, while a small first part makes the rest run mostly on one.  IntegrityError on a
+        mismatch, naming ``path``.
+        """
+        key = _memo_key(st)
+        if _memo_hit(key, digest):
+            return
+        before = stamp_floor_ns()  # read before the bytes are: see _settled
+        h = new_hasher(threaded=True)
+        for part in parts:
+            h.update(part)
+        got = Digest(h.hexdigest())
+        if got != digest:
+            raise IntegrityError(
+                f"object {digest} is corrupt: its bytes hash to {got}; file {path}. "
+                "Run `casstore verify --repair` and put the data again"
+            )
+        if _settled(st, before):
+            _memo_add(key, digest)
+
     # -- listing --
 
     def scan(self, prefix: str = "") -> Tuple[List[ObjFile], List[Path]]:
