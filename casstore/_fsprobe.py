@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 __all__ = ["FsInfo", "probe", "LOCK_UNSUPPORTED", "ofd_lock", "ofd_unlock", "mount_of", "syncfs_trusted",
-           "local_timestamps"]
+           "local_timestamps", "fine_local_stamps"]
 
 LOCK_UNSUPPORTED = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL, errno.ENOTSUP})
 """errnos that mean "this filesystem has no such lock" (never "someone else holds it")."""
@@ -118,6 +118,23 @@ def local_timestamps(fstype: str) -> bool:
     daemon sets them) nor on network and cluster filesystems (the server's clock): the same types
     :func:`syncfs_trusted` leaves out.  An unknown type (``?``) is a local kernel filesystem."""
     return syncfs_trusted(fstype)
+
+
+_FSTYPES: Dict[int, str] = {}  # st_dev -> filesystem type, for fine_local_stamps (mounts rarely change)
+
+
+def fine_local_stamps(st_dev: int, ctime_ns: int) -> bool:
+    """Does this kernel's clock stamp this file (on device ``st_dev``, ctime ``ctime_ns``) in sub-second
+    timestamps?  Then a file stamped below a floor read before its stat (``_fs.stamp_floor_ns``) cannot
+    change again without a new stamp.  Not on FUSE and network filesystems (:func:`local_timestamps`),
+    nor where the ctime is whole seconds (ext3, FAT, ext4 with 128-byte inodes): there another clock, or
+    a second-long stamp, makes a window of seconds the only safe rule (git's "racy clean")."""
+    if ctime_ns % 1_000_000_000 == 0:
+        return False
+    fstype = _FSTYPES.get(st_dev)
+    if fstype is None:
+        fstype = _FSTYPES[st_dev] = mount_of(st_dev)[0]
+    return local_timestamps(fstype)
 
 
 def ofd_lock(fd: int, shared: bool) -> bool:

@@ -489,8 +489,7 @@ class LeaseStrategy(LockStrategy):
                 w.saw((sig[1], sig[2]), holder if beats else None, now)
             # No record: its creator died between the exclusive create and the write of its record
             # (the very next syscall), or the bytes are hostile; judged on a short clock.
-            stale_after = _MIN_BEATS * holder.every if holder is not None else _NO_RECORD_EXPIRY
-            if (holder is not None and holder.alive() is False) or now - changed >= stale_after:
+            if _stale(holder, now - changed):
                 if self._steal(lock, lease, sig, holder):
                     if not lock.shared:
                         self._drain_shared(lock, w)
@@ -672,6 +671,15 @@ def _lease_beat(lock: FileLock) -> Tuple[float, bool]:
     return LEASE_EXPIRY / _MIN_BEATS, False
 
 
+def _stale(holder: Optional[Holder], unchanged: float) -> bool:
+    """Is a lease (or shared holder file) with ``holder``'s record, unchanged for ``unchanged`` seconds as a
+    waiter saw it, stale?  Its holder is dead on this host, or it missed three beats (non-beating records say
+    LEASE_EXPIRY / 3); no record: its creator died between create and write, or the bytes are hostile (2 s)."""
+    if holder is not None and holder.alive() is False:
+        return True
+    return unchanged >= (_MIN_BEATS * holder.every if holder is not None else _NO_RECORD_EXPIRY)
+
+
 def shared_dir(path: Path) -> Path:
     """The directory of the shared holders' files of the lock at ``path`` (lease mode)."""
     return path.with_name(path.name + ".shared")
@@ -702,8 +710,7 @@ def _drain(lock: FileLock, w: _Wait) -> None:
             prev = seen.get(name)
             changed = now if prev is None or prev[0] != sig else prev[1]
             seen[name] = (sig, changed)
-            stale_after = _MIN_BEATS * holder.every if holder is not None else _NO_RECORD_EXPIRY
-            if (holder is not None and holder.alive() is False) or now - changed >= stale_after:
+            if _stale(holder, now - changed):
                 _unlink(path)
                 who = holder.describe() if holder is not None else "a holder that wrote no record"
                 log.warning("removed the stale shared hold on %s (%s) of %s", lock.what, path, who)

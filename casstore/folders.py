@@ -54,7 +54,7 @@ import msgpack
 
 from ._faults import fault
 from ._fs import read_small_file, stamp_floor_ns, write_file_atomic
-from ._fsprobe import local_timestamps, mount_of
+from ._fsprobe import fine_local_stamps
 from ._layout import TMP, object_path
 from ._paths import key_problem
 from ._progress import Progress
@@ -559,26 +559,19 @@ class _CleanMark:
 # -- hashing -------------------------------------------------------------------
 
 
-_FSTYPES: Dict[int, str] = {}  # st_dev -> filesystem type (mountinfo), for _racy
-
-
 def _racy(st: StatKey, floor: int) -> bool:
     """Could the file change again without its stat changing (git's "racy clean")?
 
-    ``floor``: a :func:`stamp_floor_ns` read before ``st`` was taken.  On a filesystem this
-    kernel stamps, with sub-second timestamps (ext4, XFS, btrfs, tmpfs, overlay...), a change
-    made after the floor gets a ctime at or above it: a file stamped below it is settled at
+    ``floor``: a :func:`stamp_floor_ns` read before ``st`` was taken.  Where this kernel stamps the
+    file in sub-second timestamps (ext4, XFS, btrfs, tmpfs, overlay...: :func:`fine_local_stamps`), a
+    change made after the floor gets a stamp at or above it: a file stamped below it is settled at
     once.  Hazard: the rule is only as good as the clock that stamps the file, so on FUSE and
     network filesystems (their daemon's or server's clock), and where timestamps are whole
     seconds, a file modified within ``RACY_SECONDS`` of now is racy instead.  (Before the floor
     rule a file written just before an add was racy for 2 s, and the next add read it again:
     a third of adding 1% of a 10,000-file folder.)
     """
-    dev = st[0]
-    fstype = _FSTYPES.get(dev)
-    if fstype is None:
-        fstype = _FSTYPES[dev] = mount_of(dev)[0]
-    if st[4] % 1_000_000_000 and local_timestamps(fstype):
+    if fine_local_stamps(st[0], st[4]):
         return st[3] >= floor or st[4] >= floor
     cutoff = time.time_ns() - int(RACY_SECONDS * 1e9)
     return st[3] >= cutoff or st[4] >= cutoff

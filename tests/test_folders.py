@@ -41,7 +41,7 @@ def two_second_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     # in the clock tick in which the add or status began (tests/test_folders_racy.py), which a
     # test that writes and then adds hits only sometimes: here the folder's filesystem counts as
     # one this kernel does not stamp, so every test sees one rule, deterministically.
-    monkeypatch.setattr(folders, "local_timestamps", lambda fstype: False)
+    monkeypatch.setattr(folders, "fine_local_stamps", lambda st_dev, ctime_ns: False)
 
 
 @pytest.fixture
@@ -651,8 +651,8 @@ while not os.path.exists(path + ".stop"):
 def test_writer_during_add_never_yields_mixed_bytes(store: casstore.Store, tmp_path: Path, rule: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     if rule == "floor":  # the rule of a local filesystem (tests/test_folders_racy.py), not this module's
-        from casstore._fsprobe import local_timestamps
-        monkeypatch.setattr(folders, "local_timestamps", local_timestamps)
+        from casstore._fsprobe import fine_local_stamps
+        monkeypatch.setattr(folders, "fine_local_stamps", fine_local_stamps)
     f = tmp_path / "f"
     size = 4 << 20
     make_tree(f, {"hot.bin": b"\x00" * size, "cold": b"c"})

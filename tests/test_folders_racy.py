@@ -21,7 +21,7 @@ from test_folders import _cache_entries, count_reads, make_tree
 
 import casstore
 import casstore.folders as folders
-from casstore._fsprobe import local_timestamps, mount_of
+from casstore._fsprobe import fine_local_stamps, mount_of
 
 FILES = {"a": b"alpha", "sub/b": os.urandom(5000), "sub/c": b"gamma"}
 
@@ -33,7 +33,7 @@ def smudged(store: casstore.Store) -> Set[str]:
 
 def _local_fine(path: Path) -> None:
     st = os.stat(path)
-    if not local_timestamps(mount_of(st.st_dev)[0]) or st.st_ctime_ns % 1_000_000_000 == 0:
+    if not fine_local_stamps(st.st_dev, st.st_ctime_ns):
         pytest.skip(f"$TMPDIR ({mount_of(st.st_dev)[0]}) is not stamped by this kernel in sub-second "
                     "timestamps: the floor rule does not apply there")
 

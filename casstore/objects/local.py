@@ -65,7 +65,7 @@ from .._fs import (
     stamp_floor_ns,
     syncfs,
 )
-from .._fsprobe import mount_of, overlay_upper, syncfs_trusted
+from .._fsprobe import fine_local_stamps, mount_of, overlay_upper, syncfs_trusted
 from .._layout import BAD, LOCKS, OBJECTS, is_fanout, object_path, object_relpath
 from .._lock import FileLock
 from ..codecs import CODECS, RAW, ZSTD, Codec, CompressArg, file_sample_pays, normalize_compress, sample_pays
@@ -128,19 +128,19 @@ def _memo_hit(key: Tuple[int, int, int, int, int], d: Digest) -> bool:
 _SECOND_NS = 1_000_000_000
 
 
-def _settled(st: os.stat_result, tick_ns: int) -> bool:
-    """Would any change made after ``tick_ns`` (a :func:`stamp_floor_ns`) give this file a new ctime?
+def _settled(st: os.stat_result, floor: int) -> bool:
+    """Would any change made after ``floor`` (a :func:`stamp_floor_ns`) give this file a new ctime?
 
     Only then may a memo keyed by its stat vouch for its bytes.  Hazard (CI saw it): put,
     verify, chmod, write and chmod again within one clock tick left (size, mtime_ns, ctime_ns)
-    unchanged, and the memo vouched for the rewritten bytes.  A ctime of whole seconds means
-    a filesystem that keeps only seconds (ext3; FAT keeps two): settled two seconds later.  (A
-    network filesystem stamps with the server's clock; a skew is not covered: docs/security.md.)
+    unchanged, and the memo vouched for the rewritten bytes.  Where this kernel does not stamp
+    the file in sub-second timestamps (whole seconds; FUSE and network filesystems:
+    :func:`fine_local_stamps`) it is settled two seconds after its stamp, the folders' racy rule.
     """
     c = st.st_ctime_ns
-    if c % _SECOND_NS == 0:
-        return c + 2 * _SECOND_NS <= tick_ns
-    return c < tick_ns
+    if fine_local_stamps(st.st_dev, c):
+        return c < floor
+    return c + 2 * _SECOND_NS <= floor
 
 
 def _memo_add(key: Tuple[int, int, int, int, int], d: Digest) -> None:
@@ -1248,15 +1248,14 @@ class LocalObjects(ObjectStore):
             if loc.codec.byte_exact:
                 self.verify_fd(digest, fd, st, loc.path)
                 return
-            key = _memo_key(st)
-            if _memo_hit(key, digest):
-                return
-            before = stamp_floor_ns()  # read before the bytes are: see _settled
-            with self.open(digest) as f:
-                while f.read(CHUNK):
-                    pass
-            if _settled(st, before):
-                _memo_add(key, digest)
+
+            def read_through() -> Digest:  # the verifying reader raises on a mismatch itself
+                with self.open(digest) as f:
+                    while f.read(CHUNK):
+                        pass
+                return digest
+
+            self._check_once(digest, st, loc.path, read_through)
         finally:
             os.close(fd)
 
@@ -1269,44 +1268,41 @@ class LocalObjects(ObjectStore):
         the descriptor the caller goes on to use (e.g. to map it) leaves no
         window for the path to be swapped in between.  IntegrityError on a mismatch.
         """
+        self._check_once(digest, st, path, lambda: hash_fd(fd, st.st_size))
+
+    def verify_mapped(self, digest: Digest, st: os.stat_result, buf: Buffer, path: str) -> None:
+        """Check that ``buf`` holds the bytes of the raw object file with stat ``st``: the
+        :meth:`verify_fd` memo, but hashing a buffer the caller already holds (a memory map it hands out).
+
+        Why: ``get_array(mmap=True, verify=True)`` hashed the file through a mapping of its own, then
+        numpy mapped it again; hashing the very map returned saves a map, an unmap (whose TLB
+        shoot-down interrupts both cores after a pooled hash) and the second round of page faults.
+        One buffer for the whole file: blake3's pool splits one contiguous update over the cores,
+        while a small first update makes the rest run mostly on one.  IntegrityError on a mismatch,
+        naming ``path``.
+        """
+
+        def hashed() -> Digest:
+            h = new_hasher(threaded=True)
+            h.update(buf)
+            return Digest(h.hexdigest())
+
+        self._check_once(digest, st, path, hashed)
+
+    @staticmethod
+    def _check_once(digest: Digest, st: os.stat_result, path: str, compute: Callable[[], Digest]) -> None:
+        """The verified-once memo around ``compute`` (the digest of the file with stat ``st``)."""
         key = _memo_key(st)
         if _memo_hit(key, digest):
             return
         before = stamp_floor_ns()  # read before the bytes are: see _settled
-        got = hash_fd(fd, st.st_size)
+        got = compute()
         if got != digest:
             raise IntegrityError(
                 f"object {digest} is corrupt: its bytes hash to {got}; file {path}. "
                 "Run `casstore verify --repair` and put the data again"
             )
         if _settled(st, before):  # a file changed within the clock's last tick is hashed again next time
-            _memo_add(key, digest)
-
-    def verify_mapped(self, digest: Digest, st: os.stat_result, parts: Sequence[Buffer], path: str) -> None:
-        """Check that ``parts``, in order, are the bytes of the raw object file with stat ``st``: the
-        :meth:`verify_fd` memo, but hashing buffers the caller already holds (a memory map it hands out).
-
-        Why: ``get_array(mmap=True, verify=True)`` hashed the file through a mapping of its own, then
-        numpy mapped it again; hashing the very map returned saves a map, an unmap (whose TLB
-        shoot-down interrupts both cores after a pooled hash) and the second round of page faults.
-        Pass the file as one buffer where possible: blake3's pool splits one contiguous update over
-        the cores, while a small first part makes the rest run mostly on one.  IntegrityError on a
-        mismatch, naming ``path``.
-        """
-        key = _memo_key(st)
-        if _memo_hit(key, digest):
-            return
-        before = stamp_floor_ns()  # read before the bytes are: see _settled
-        h = new_hasher(threaded=True)
-        for part in parts:
-            h.update(part)
-        got = Digest(h.hexdigest())
-        if got != digest:
-            raise IntegrityError(
-                f"object {digest} is corrupt: its bytes hash to {got}; file {path}. "
-                "Run `casstore verify --repair` and put the data again"
-            )
-        if _settled(st, before):
             _memo_add(key, digest)
 
     # -- listing --
