@@ -507,6 +507,94 @@ def test_preserve_uses_the_hash_made_while_four_writers_filled_it(store: casstor
     c.close()
 
 
+def test_the_follower_runs_at_the_lowest_priority(store: casstore.Store) -> None:
+    # Background hashing must yield the cores to the puts and the loader (issue 15).
+    c = IndexCache(store, 4)
+    try:
+        f = c._follower
+        assert f is not None
+        deadline = time.monotonic() + 10
+        while f.thread.native_id is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)  # the thread nices itself first thing
+        tid = f.thread.native_id
+        assert tid is not None
+        assert os.getpriority(os.PRIO_PROCESS, tid) == 19
+        assert os.getpriority(os.PRIO_PROCESS, 0) != 19  # only that thread, not the caller
+    finally:
+        c.close()
+
+
+def _fill_busily(store: casstore.Store, seconds: float) -> tuple[List[tuple[int, int, float]], float, float, Any]:
+    """Put 1 MiB every ~10 ms for ``seconds``; return (writebacks started, first hash time, longest put gap, cache)."""
+    import casstore.cache as cache_mod
+
+    started: List[tuple[int, int, float]] = []
+    real = getattr(cache_mod, "start_writeback")
+
+    def spy(fd: int, off: int, n: int) -> None:
+        started.append((off, n, time.monotonic()))
+        real(fd, off, n)
+
+    setattr(cache_mod, "start_writeback", spy)  # restored by the caller's monkeypatch
+    c = IndexCache(store, 400)
+    f = c._follower
+    assert f is not None
+    t0 = last = time.monotonic()
+    gap, first_hashed, i = 0.0, 0.0, 0
+    while time.monotonic() - t0 < seconds:
+        c.put(i, bytes([i % 251]) * MIB)
+        i += 1
+        now = time.monotonic()
+        if not started:
+            gap = max(gap, now - last)
+        last = now
+        if not first_hashed and f.pos > 0:
+            first_hashed = now
+        time.sleep(0.01)
+    return started, first_hashed, gap, c
+
+
+def test_writeback_trails_a_busy_writer_and_catches_up_when_it_pauses(store: casstore.Store,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import casstore.cache as cache_mod
+
+    # Disk writes started while puts keep appending slow them (issue 15), so a step is flushed
+    # _WRITEBACK_LAG after its hash or when the writer pauses, whichever comes first.
+    assert store.durable
+    monkeypatch.setattr(cache_mod, "start_writeback", getattr(cache_mod, "start_writeback"))
+    monkeypatch.setattr(cache_mod, "_WRITEBACK_LAG", 0.6)
+    for _attempt in range(4):
+        started, first_hashed, gap, c = _fill_busily(store, 1.8)
+        f = c._follower
+        assert f is not None
+        try:
+            assert first_hashed and f.pos > 0
+            assert started, "a writer busy for 3x the lag never had its writeback started"
+            if gap >= 0.04:  # this machine stalled the writer for a poll: a pause flush was right
+                continue
+            # Nothing was flushed until the lag after the first hash (less the test's polling slack),
+            # though the writer never paused; flushing did not wait for the writer to stop.
+            assert started[0][2] - first_hashed >= 0.6 - 0.2
+            # The writer pauses: everything hashed is flushed at once, by the pause rule alone.
+            monkeypatch.setattr(cache_mod, "_WRITEBACK_LAG", 3600.0)
+            step_end = f._end() // (8 * MIB) * (8 * MIB)
+            deadline = time.monotonic() + 5
+            while (f.flushed < f.pos or f.pos < step_end) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert f.flushed == f.pos == step_end
+            # Flushed ranges are contiguous and never repeat a byte.
+            at = 0
+            for off, n, _ in started:
+                assert off == at and n > 0
+                at += n
+            assert at == f.flushed
+            return
+        finally:
+            c.close()
+    pytest.fail("the writer was stalled for a whole poll in each of 4 attempts: the lag rule was never exercised")
+
+
 def _preserve_in_child(cache: IndexCache, out: Any) -> None:
     out.put(str(cache.preserve("from-a-child")))
 
