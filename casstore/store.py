@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
     from .maintenance import GCPlan, LimitResult, NameRow, Usage, VerifyReport
-    from .sync import Remote, RemoteGCPlan, RemoteUsage, TransferReport
+    from .sync import Remote, RemoteGCPlan, RemoteUsage, S3Share, TransferReport
 
 # The feature packages (maintenance, sync, pipelines, cache, adapters) are imported by the
 # methods that use them: a CLI command pays only for what it runs (``casstore status`` of an
@@ -491,12 +491,10 @@ class Store:
         (docs/pipelines.md, "Across machines").
         """
         from .pipelines import fetch as fetch_url  # lazy: http.client and ssl at import
-        from .sync import share as remote_share
 
         return fetch_url(self, url, digest=digest, sha256=sha256, md5=md5, force=force, timeout=timeout,
                          retries=retries, progress=progress, connect_timeout=connect_timeout,
-                         max_bytes=max_bytes, deadline=deadline, refresh=refresh,
-                         remote=None if remote is None else remote_share(self, remote))
+                         max_bytes=max_bytes, deadline=deadline, refresh=refresh, remote=self._shared(remote))
 
     def derive(self, name: str, *, inputs: Mapping[str, DeriveInput], fn: DeriveFn,
                params: Optional[Mapping[str, object]] = None, version: object = None,
@@ -510,11 +508,18 @@ class Store:
         (docs/pipelines.md, "Across machines").
         """
         from .pipelines import derive as derive_step  # lazy: http.client and ssl at import
-        from .sync import share as remote_share
 
         return derive_step(self, name, inputs=inputs, fn=fn, params=params, version=version,
-                           regenerate=regenerate, timeout=timeout, compress=compress,
-                           remote=None if remote is None else remote_share(self, remote))
+                           regenerate=regenerate, timeout=timeout, compress=compress, remote=self._shared(remote))
+
+    def _shared(self, remote: Optional[Union[Remote, str]]) -> Optional[S3Share]:
+        # casstore.sync (remotes, S3, pull, read-through: ~20 ms of imports) only when a remote
+        # is asked for: every rank of a job pays a cache hit's imports (bench_jobs "warm").
+        if remote is None:
+            return None
+        from .sync import share
+
+        return share(self, remote)
 
     # -- numpy and HDF5 adapters (casstore.adapters) -------------------------------
 

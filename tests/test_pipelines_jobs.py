@@ -192,3 +192,33 @@ def test_scope_settings_are_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     for bad_arg in ("qm9/processed", 1, [1], [""]):
         with pytest.raises(InvalidTypeError, match="regenerate"):
             store.derive("s", inputs={"x": d}, fn=lambda i, o: None, regenerate=bad_arg)  # type: ignore[arg-type]
+
+
+_HIT = r"""
+import sys
+import casstore, casstore.pipelines
+s = casstore.open(sys.argv[1])
+before = {m for m in sys.modules if m.startswith("casstore.sync")}
+assert not before, before  # opening a store needs no remote machinery
+gz = s.fetch(sys.argv[2])
+m = s.derive("size", inputs={"gz": gz}, fn=lambda ins, out: (out / "n").write_text(str(ins["gz"].stat().st_size)))
+print(sorted(m for m in sys.modules if m.startswith("casstore.sync")))
+"""
+
+
+def test_a_hit_without_a_remote_imports_no_remote_machinery(tmp_path: Path) -> None:
+    # Every rank of a job pays its cache hits' imports (issue 13's warm job: 8 forked ranks on
+    # 2 cores); casstore.sync (remotes, S3, pull, read-through) is ~20 ms that a hit without
+    # remote= never uses.
+    import subprocess
+    import sys
+
+    src = tmp_path / "data.bin"
+    src.write_bytes(b"x" * 1000)
+    url = src.resolve().as_uri()
+    store = tmp_path / "s"
+    for _ in range(2):  # the first run fetches and derives; the second is all hits
+        out = subprocess.run([sys.executable, "-c", _HIT, str(store), url], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "[]"
