@@ -38,7 +38,6 @@ How it is built (the reasons are in docs/index-cache.md):
 
 from __future__ import annotations
 
-import collections
 import errno
 import fcntl
 import logging
@@ -56,7 +55,7 @@ import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Tuple, TypedDict, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, TypedDict, Union, cast
 from zlib import crc32 as _crc32  # tables and footers at open, format-1 records (docs: "Dependencies")
 
 import blake3
@@ -298,7 +297,6 @@ _FOLLOW_STEP = 8 << 20  # hash (and start writing back) the data file in steps o
 _FOLLOW_BUF = 2 << 20  # read (and hash) at most this much at a time
 _FINISH_WINDOW = 32 << 20  # preserve maps what is left in windows this large (a multiple of the step)
 _FOLLOW_POLL = 0.05  # seconds between looks at the data end while the cache is filled
-_WRITEBACK_LAG = 0.25  # seconds a hashed step waits for its writeback while the writer keeps appending
 
 
 class _Follower:
@@ -317,8 +315,7 @@ class _Follower:
     has no such thread, and its ``preserve`` hashes the whole file as before.
     """
 
-    __slots__ = ("pid", "dfd", "ifd", "ino", "pos", "flushed", "hashed", "h", "guard", "stop", "thread", "failed",
-                 "writeback", "buf")
+    __slots__ = ("pid", "dfd", "ifd", "ino", "pos", "h", "guard", "stop", "thread", "failed", "writeback", "buf")
 
     def __init__(self, data: Path, index: Path, durable: bool) -> None:
         self.pid = os.getpid()
@@ -330,9 +327,7 @@ class _Follower:
             raise
         st = os.fstat(self.dfd)
         self.ino = (st.st_dev, st.st_ino)
-        self.pos = 0  # hashed up to here
-        self.flushed = 0  # writeback started up to here
-        self.hashed: Deque[Tuple[float, int]] = collections.deque()  # (when, pos) per hashed step not yet flushed
+        self.pos = 0
         # One thread: with blake3's pool the fill was measured up to 1.5x slower here (the
         # loader's workers need the cores), for ~30 ms less at preserve.
         self.h = blake3.blake3()
@@ -340,7 +335,7 @@ class _Follower:
         self.guard = threading.Lock()  # the thread's steps and finish() never interleave
         self.stop = threading.Event()
         self.failed = False
-        self.writeback = durable  # start writeback of hashed steps: the fsync at preserve is short
+        self.writeback = durable  # start each step's writeback at once: the fsync at preserve is short
         self.thread = threading.Thread(target=self._run, name="casstore-cache-follow", daemon=True)
         self.thread.start()
 
@@ -350,52 +345,26 @@ class _Follower:
 
     def _run(self) -> None:
         # Background work: at the lowest priority (Linux nices threads one by one), so on a
-        # busy machine the puts and the loader it follows get the cores, and preserve hashes
-        # whatever is left (issue 15: the follower at normal priority cost puts 10-20%).
+        # busy machine the puts and the loader it follows get the cores first, and preserve
+        # hashes whatever is left.  Its writeback starts at once behind the writer: issue 13's
+        # preserve bound needs a fill's bytes on disk by the time it ends (see docs/index-cache.md).
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except (OSError, AttributeError):  # pragma: no cover - not Linux, or a sandbox that refuses
             pass
-        # Writeback trails the writer: disk writes started while puts are still appending
-        # cost them ~15-20% here (issue 15: 0.65x of pfio's put; the device's work lands on
-        # the same two cores).  A hashed step is flushed once the writer pauses (the end did
-        # not move for one poll) or _WRITEBACK_LAG seconds after it was hashed: a burst of
-        # puts shorter than that pays nothing, and preserve right after a long fill finds
-        # only the last quarter second of writes dirty (issue 13's preserve bound).
         try:
-            last = -1
             while not self.stop.wait(_FOLLOW_POLL):
-                raw = self._end()
-                busy, last = raw != last, raw
-                end = raw // _FOLLOW_STEP * _FOLLOW_STEP
-                with self.guard:
-                    if self.stop.is_set():
-                        return
-                    if end > self.pos:
-                        self._hash_to(end)
-                        self.hashed.append((time.monotonic(), self.pos))
-                    if not busy:
-                        self._flush_hashed(self.pos)
-                    else:
-                        due = time.monotonic() - _WRITEBACK_LAG
-                        upto = self.flushed
-                        while self.hashed and self.hashed[0][0] <= due:
-                            upto = self.hashed.popleft()[1]
-                        self._flush_hashed(upto)
+                end = self._end() // _FOLLOW_STEP * _FOLLOW_STEP
+                if end > self.pos:
+                    with self.guard:
+                        if self.stop.is_set():
+                            return
+                        self._hash_to(end, writeback=True)
         except Exception as e:  # pragma: no cover - EIO and the like: preserve hashes the file itself
             self.failed = True
             log.debug("index cache follower stopped: %s", e)
 
-    def _flush_hashed(self, upto: int) -> None:
-        """Start writeback of the hashed bytes in ``[flushed, upto)`` (asynchronous)."""
-        if upto > self.flushed:
-            if self.writeback:
-                start_writeback(self.dfd, self.flushed, upto - self.flushed)
-            self.flushed = upto
-        while self.hashed and self.hashed[0][1] <= upto:
-            self.hashed.popleft()
-
-    def _hash_to(self, end: int) -> None:
+    def _hash_to(self, end: int, *, writeback: bool) -> None:
         # pread into one reused buffer, not a map: a live file truncated behind our back
         # (damage) must be a short read here, never a SIGBUS that kills the process.
         buf = self.buf
@@ -405,6 +374,8 @@ class _Follower:
                 self.failed = True  # shorter than its committed end: preserve hashes (and checks) it itself
                 return
             self.h.update(memoryview(buf)[:n])
+            if writeback and self.writeback:
+                start_writeback(self.dfd, self.pos, n)
             self.pos += n
 
     def _finish_to(self, size: int) -> None:
@@ -414,7 +385,6 @@ class _Follower:
         checked against the file's size first (a map past the end would SIGBUS), and its
         writeback starts before the next one is hashed, so the fsync that follows is short.
         """
-        self._flush_hashed(self.pos)  # the backlog first: its writeback overlaps the hash of the rest
         while self.pos < size:
             if os.fstat(self.dfd).st_size < size:
                 self.failed = True
@@ -425,7 +395,6 @@ class _Follower:
                     start_writeback(self.dfd, self.pos, n)
                 self.h.update(mm)
             self.pos += n
-            self.flushed = self.pos
 
     def finish(self, fd: int, size: int) -> Optional[Digest]:
         """The BLAKE3-256 of the frozen file open as ``fd`` (``size`` bytes), or None if unknown here."""
