@@ -561,3 +561,27 @@ def test_a_cache_that_is_closed_or_collected_stops_its_follower(store: casstore.
     gc.collect()
     assert _threads_named("casstore-cache-follow") == threads
     assert icache_dirs(store.root) == []
+
+
+def _put_in_child_and_report(cache: IndexCache, out: Any) -> None:
+    inherited = cache._proc
+    ok = cache.put(1, b"child")
+    p = cache._proc
+    out.put((ok, p.pid == os.getpid(), p is not inherited))
+
+
+def test_a_forked_child_puts_through_descriptors_of_its_own(store: casstore.Store) -> None:
+    # The pid a put compares with is kept by a fork hook, not asked of the kernel per put. If the
+    # child went on with the parent's lock descriptor, its flock would be the parent's (one open
+    # file description) and exclude nothing.
+    ctx = mp.get_context("fork")
+    c = IndexCache(store, 4)
+    assert c.put(0, b"parent")
+    q = ctx.Queue()
+    p = ctx.Process(target=_put_in_child_and_report, args=(c, q))
+    p.start()
+    got = q.get(timeout=JOIN)
+    _join([p])
+    assert got == (True, True, True)
+    assert c.get(1) == b"child" and c._proc.pid == os.getpid()
+    c.close()
