@@ -194,6 +194,19 @@ def _b3_64(buf: Any, n: int) -> int:
     return int.from_bytes(blake3.blake3(buf).digest(length=8), "little")
 
 
+# This process's pid, kept by a fork hook: every "am I a forked child?" check below reads it.
+# glibc no longer caches getpid(), and a put that asked the kernel paid a syscall per record.
+_pid = os.getpid()
+
+
+def _note_fork() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_note_fork)
+
+
 class _Hasher:
     """One helper thread per process that hashes large records while the caller writes them.
 
@@ -210,11 +223,11 @@ class _Hasher:
     @classmethod
     def submit(cls, data: Buffer) -> Future[int]:
         pool = cls.pool
-        if pool is None or cls.pid != os.getpid():
+        if pool is None or cls.pid != _pid:
             with cls.guard:
-                if cls.pool is None or cls.pid != os.getpid():
+                if cls.pool is None or cls.pid != _pid:
                     cls.pool = ThreadPoolExecutor(1, thread_name_prefix="casstore-cache-hash")
-                    cls.pid = os.getpid()
+                    cls.pid = _pid
                 pool = cls.pool
         return pool.submit(_xxh3, data)
 
@@ -289,7 +302,7 @@ def _release(res: _Res) -> None:
     res.proc.close()  # in a forked child: only the child's copies
     if res.follower is not None:
         res.follower.close()
-    if res.dir is not None and os.getpid() == res.owner:
+    if res.dir is not None and _pid == res.owner:
         shutil.rmtree(res.dir, ignore_errors=True)
 
 
@@ -318,7 +331,7 @@ class _Follower:
     __slots__ = ("pid", "dfd", "ifd", "ino", "pos", "h", "guard", "stop", "thread", "failed", "writeback", "buf")
 
     def __init__(self, data: Path, index: Path, durable: bool) -> None:
-        self.pid = os.getpid()
+        self.pid = _pid
         self.dfd = os.open(data, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
             self.ifd = os.open(index, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -398,7 +411,7 @@ class _Follower:
 
     def finish(self, fd: int, size: int) -> Optional[Digest]:
         """The BLAKE3-256 of the frozen file open as ``fd`` (``size`` bytes), or None if unknown here."""
-        if os.getpid() != self.pid or self.failed:
+        if _pid != self.pid or self.failed:
             return None
         st = os.fstat(fd)
         self.stop.set()
@@ -413,7 +426,7 @@ class _Follower:
 
     def close(self) -> None:
         """Stop the thread and close its descriptors (a forked child closes only its copies)."""
-        if os.getpid() != self.pid:  # no thread here, and the guard may be a copy taken mid-step
+        if _pid != self.pid:  # no thread here, and the guard may be a copy taken mid-step
             for fd in (self.dfd, self.ifd):
                 try:
                     os.close(fd)
@@ -476,26 +489,13 @@ def _open_private(path: Path) -> int:
     return fd
 
 
-# This process's pid, kept by a fork hook: glibc no longer caches getpid(), and a put that asks
-# the kernel each time (to notice that it runs in a forked child) paid a syscall per record.
-_pid = os.getpid()
-
-
-def _note_fork() -> None:
-    global _pid
-    _pid = os.getpid()
-
-
-os.register_at_fork(after_in_child=_note_fork)
-
-
 class _Proc:
     """What one process owns of a live cache: its lock descriptor and its data file."""
 
     __slots__ = ("pid", "tlock", "lock_fd", "wfd", "rfds", "mode", "key", "lease")
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
+        self.pid = _pid
         self.tlock = threading.Lock()  # threads of this process share one flock (same descriptor)
         self.mode = ""  # the store's lock strategy (flock, posix, lease), chosen at the first lock
         self.key = "?"
@@ -613,7 +613,7 @@ class IndexCache:
                 ) from None
             raise disk_full(e, root_tmp, "creating an index cache") from None
         self._dir = d
-        self._owner = os.getpid()
+        self._owner = _pid
         self._res.dir, self._res.owner = str(d), self._owner
         try:
             fd = os.open(d / "index", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -926,15 +926,6 @@ class IndexCache:
         return self._dir / "lock"
 
     def _lock(self, p: _Proc) -> None:
-        if p.mode == "flock":  # the common case first: one call, no wrapper (a 1 KiB put is ~5 us)
-            try:
-                fcntl.flock(p.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                pass  # held elsewhere, or no descriptor yet: the full path below
-            else:
-                if self._imm[_FLAGS_AT] & _DIRTY_FLAG:
-                    self._recount()
-                return
         if not p.mode:
             strategy, p.key = strategy_for(self._lock_path())
             p.mode = strategy.name
@@ -942,7 +933,12 @@ class IndexCache:
             if p.lock_fd < 0:
                 p.lock_fd = os.open(self._lock_path(), os.O_RDWR | os.O_CLOEXEC)
             try:
-                if not self._try_lock(p):
+                if p.mode == "flock":  # inline, the common case: a 1 KiB put is ~5 us, the wrappers were a tenth
+                    try:
+                        fcntl.flock(p.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        self._lock_wait(p)
+                elif not self._try_lock(p):
                     self._lock_wait(p)
             except OSError as e:
                 if e.errno not in LOCK_UNSUPPORTED:
@@ -997,7 +993,7 @@ class IndexCache:
         """
         assert self._dir is not None
         path = self._dir / f"claim.{i}"
-        me = f"{os.getpid()} {_HOST} {_PIDNS}".encode()
+        me = f"{_pid} {_HOST} {_PIDNS}".encode()
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except FileExistsError:
@@ -1040,7 +1036,7 @@ class IndexCache:
         if len(words) != 3 or not words[0].isdigit() or words[1] != _HOST or words[2] != _PIDNS:
             return False  # hostile, or a writer on another host or in another container: not ours to judge
         pid = int(words[0])
-        if pid == os.getpid():
+        if pid == _pid:
             return True
         try:
             os.kill(pid, 0)
@@ -1102,7 +1098,7 @@ class IndexCache:
 
     def _read_fd(self, fno: int) -> int:
         p = self._proc
-        if p.pid != os.getpid():
+        if p.pid != _pid:
             p = self._after_fork()
         fd = p.rfds.get(fno)
         if fd is None:
@@ -1139,7 +1135,7 @@ class IndexCache:
             raise self._closed_error()
         assert self._dir is not None
         p = self._proc
-        if p.pid != os.getpid():
+        if p.pid != _pid:
             p = self._after_fork()
         with p.tlock:
             self._lock(p)
@@ -1390,7 +1386,7 @@ class IndexCache:
             raise self._closed_error()
         if mm[_FLAGS_AT] & _DIRTY_FLAG:
             p = self._proc
-            if p.pid != os.getpid():
+            if p.pid != _pid:
                 p = self._after_fork()
             with p.tlock:
                 self._lock(p)  # recounts if the commit's writer is dead
