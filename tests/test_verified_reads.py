@@ -187,8 +187,8 @@ def test_mmap_verify_hashes_once_then_maps(store: casstore.Store, monkeypatch: p
     d = store.put_array(a)
     time.sleep(0.05)  # past the clock tick of the put: a file changed in this tick is not memoized
     calls = counting_hash_fd(monkeypatch)
-    real = local_mod.new_hasher  # verify_mapped hashes the map it hands out with a fresh hasher
-    monkeypatch.setattr(local_mod, "new_hasher", lambda **kw: calls.append(-1) or real(**kw))
+    real = local_mod.hash_bytes  # verify_mapped hashes the map it hands out as one buffer
+    monkeypatch.setattr(local_mod, "hash_bytes", lambda buf, **kw: calls.append(-1) or real(buf, **kw))
     m = store.get_array(d, mmap=True, verify=True)
     assert isinstance(m, np.memmap) and np.array_equal(m, a)
     assert len(calls) == 1

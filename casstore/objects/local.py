@@ -1281,13 +1281,7 @@ class LocalObjects(ObjectStore):
         while a small first update makes the rest run mostly on one.  IntegrityError on a mismatch,
         naming ``path``.
         """
-
-        def hashed() -> Digest:
-            h = new_hasher(threaded=True)
-            h.update(buf)
-            return Digest(h.hexdigest())
-
-        self._check_once(digest, st, path, hashed)
+        self._check_once(digest, st, path, lambda: hash_bytes(buf, threaded=True))
 
     @staticmethod
     def _check_once(digest: Digest, st: os.stat_result, path: str, compute: Callable[[], Digest]) -> None:
