@@ -308,8 +308,12 @@ def test_changed_folder_costs_what_changed(store: casstore.Store, tmp_path: Path
     assert listed == []  # and the version's entries were not listed
     reads.clear()
     copied = count_copies(monkeypatch)
+    prints: List[int] = []
+    fingerprint = folders._fingerprint
+    monkeypatch.setattr(folders, "_fingerprint", lambda fs: prints.append(len(fs)) or fingerprint(fs))
     r = store.add("exp", f)
     assert r.created and (r.added, r.modified, r.deleted) == (("d4/new",), ("d1/f00001",), ("d3/f00003",))
+    assert len(prints) == 1  # the walk is fingerprinted once: the mark's check and its update share it
     assert sorted(copied) == ["d1/f00001", "d2/f00002", "d4/new"]  # (d2's copy is dropped: same bytes)
     assert listed == []
     monkeypatch.undo()

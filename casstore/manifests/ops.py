@@ -318,10 +318,17 @@ class ManifestEditor(MutableMapping[str, Entry]):
             out[key] = e if e.size is not None else Entry(e.digest, info.size, e.meta)
         return out
 
-    def _check_key_conflicts(self, entries: EntryMap) -> None:
+    def _check_key_conflicts(self, entries: EntryMap, base: Optional[EntryMap]) -> None:
         """Refuse a key that is also a directory of another key ("a" and "a/b"):
-        such a manifest could never be checked out."""
-        changed = [k for k, e in self._changes.items() if e is not None]
+        such a manifest could never be checked out.
+
+        Only keys new to ``base`` (the parent's entries) are checked: every writer refuses a
+        conflict when it adds a key, so a key the parent already has can only come into one
+        through a key added now ("a" added beside an existing "a/b" is caught at "a"; "a/b"
+        added under an existing "a" at "a/b").  A re-add of a folder with 100 modified files of
+        a tree-shaped version spent 8 ms here, most of it reading leaves for the prefix lookups.
+        """
+        changed = [k for k, e in self._changes.items() if e is not None and (base is None or base.raw(k) is None)]
         if not changed:
             return
         # Point and range lookups only: O(changed keys x depth) on a tree-shaped version, never a scan
@@ -351,7 +358,7 @@ class ManifestEditor(MutableMapping[str, Entry]):
         base, head = self.base, self._head
         for attempt in range(_MAX_REBASES):
             entries = (base.entries if base is not None else _EMPTY_ENTRIES).with_changes(completed)
-            self._check_key_conflicts(entries)
+            self._check_key_conflicts(entries, base.entries if base is not None else None)
             doc = ManifestDoc.build(entries, meta, base.digest if base is not None else None)
             fault("manifest.before_object")
             digest = put_version(self._store.objects, doc)

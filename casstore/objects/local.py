@@ -535,9 +535,12 @@ class LocalObjects(ObjectStore):
         False and the caller writes a new copy.  Another user's object in a
         shared store cannot be refreshed (EPERM); it still counts as present.
         """
+        # Strings, not Paths (as _find): a commit probes every new tree node (a 1% re-add of a
+        # 10,000-file folder: ~310 probes, 19 us each through pathlib, 6 us this way).
+        layered = bool(self._overlay_upper()[1])
         for codec in CODECS:
-            p = object_path(self.root, d, codec)
-            if self._on_lower_layer(p):
+            p = f"{self._root_s}/{object_relpath(d, codec)}"
+            if layered and self._on_lower_layer(Path(p)):
                 return True  # present, and gc cannot delete a lower-layer file anyway: no refresh needed
             try:
                 os.utime(p, follow_symlinks=False)
@@ -549,19 +552,23 @@ class LocalObjects(ObjectStore):
                     return True
         return False
 
-    def _on_lower_layer(self, p: Path) -> bool:
-        """Is ``p`` an existing file on a read-only overlayfs lower layer (not copied up)?
-
-        Refreshing its mtime would copy the whole object into the upper
-        layer (issue 17: 256 MiB per re-put of an image-baked object).
-        """
+    def _overlay_upper(self) -> Tuple[str, str]:
+        """(mount point, upper directory) of the overlayfs the store is on, or ``("", "")`` (cached)."""
         ov = self._overlay
         if ov is None:
             try:
                 ov = self._overlay = overlay_upper(os.stat(self.root).st_dev) or ("", "")
             except OSError:
                 ov = self._overlay = ("", "")
-        mount, upper = ov
+        return ov
+
+    def _on_lower_layer(self, p: Path) -> bool:
+        """Is ``p`` an existing file on a read-only overlayfs lower layer (not copied up)?
+
+        Refreshing its mtime would copy the whole object into the upper
+        layer (issue 17: 256 MiB per re-put of an image-baked object).
+        """
+        mount, upper = self._overlay_upper()
         if not upper:
             return False
         try:
