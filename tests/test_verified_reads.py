@@ -110,8 +110,7 @@ def test_forked_child_uses_helpers(store: casstore.Store) -> None:
 
 
 @pytest.mark.parametrize("where", ["first-block", "middle", "last-byte"])
-# 1 and 4 MiB: read whole, then hashed; 8 MiB (the pipeline's threshold): the helper with
-# blake3's pool, a quarter then the rest; 20 MiB: a quarter then 8 MiB blocks
+# 1 MiB: read whole, then hashed; 4, 8 and 20 MiB: the helper, one thread, 16 blocks each
 @pytest.mark.parametrize("n", [MiB // 4, MiB, 2 * MiB, 5 * MiB])
 def test_get_array_pipelined_flipped_byte(store: casstore.Store, where: str, n: int) -> None:
     a = np.random.default_rng(1).random(n, dtype=np.float32)
@@ -128,6 +127,37 @@ def test_get_array_pipelined_flipped_byte(store: casstore.Store, where: str, n: 
     assert got == []  # no array escapes
     _bounded_threads(before)
     assert not np.array_equal(store.get_array(d, verify=False), a)  # verify=False reads it as it is
+
+
+def test_get_array_hashes_beside_the_read_in_small_blocks(store: casstore.Store,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # The speed contract's mechanism (issue 15): from 2 MiB a helper hashes each block of the array on
+    # one thread while this thread reads the next, in about 16 blocks (the tail left unoverlapped
+    # is one block's hash); blake3's pool (woken on every update) and read-then-hash were slower.
+    from casstore.adapters import arrays as arrays_mod
+
+    seen: List[Any] = []
+
+    class Recording(HashBeside):
+        __slots__ = ()
+
+        def __init__(self, *, threaded: bool = False) -> None:
+            super().__init__(threaded=threaded)
+            seen.append(["threaded" if threaded else "one thread"])
+
+        def feed(self, buf: Any) -> None:
+            seen[-1].append(len(memoryview(buf)))
+            super().feed(buf)
+
+    monkeypatch.setattr(arrays_mod, "HashBeside", Recording)
+    small, large = (np.random.default_rng(n).random(n, dtype=np.float32) for n in (MiB // 8, MiB))  # 0.5, 4 MiB
+    ds = [store.put_array(small), store.put_array(large)]
+    assert np.array_equal(store.get_array(ds[0]), small) and seen == []  # read whole, then hashed
+    assert np.array_equal(store.get_array(ds[1]), large)
+    assert len(seen) == 1 and seen[0][0] == "one thread", seen
+    blocks = seen[0][2:]  # (after the header's first read)
+    assert 12 <= len(blocks) <= 17 and max(blocks) <= 256 << 10, blocks
+    assert sum(seen[0][1:]) == store.stat(ds[1]).size
 
 
 @pytest.mark.parametrize("n", [1, 1000, 130_000, 2 * MiB, 5 * MiB])  # below, at and far above the pipeline's threshold

@@ -83,12 +83,17 @@ _MAX_HEADER = 60_000
 _PREFIX = 1 << 16
 # get_array(verify=True) pipelines reading and hashing from this object size up.
 # Below it, reading the whole array and then hashing it on the same thread is
-# faster here (the bytes are still in this core's cache; the helper's and the
-# pool's wake-ups are not paid): 4 MiB arrays 0.43-0.48x -> 0.47-0.57x of the
-# limit, while from 8 MiB the pipeline wins (0.53x against 0.43x).
-_PIPE_MIN = 8 << 20
+# faster (a 1 MiB array stays in this core's cache: 0.63x of np.load against 0.50x
+# pipelined); from 2 MiB the pipeline wins (2 MiB: 0.65x against 0.57x; 6 MiB: 0.68x
+# against 0.47x; 2026-12-03).
+_PIPE_MIN = 2 << 20
+# The pipeline's blocks: about _PIPE_BLOCKS of them, each between the bounds.  The helper
+# trails the reader by one block, so the unoverlapped tail is one block's hash; each block
+# costs a hand-off (~20 us here).  Measured for 4 MiB arrays (get_array, of the limit): 4
+# blocks 0.66x, 8 0.70x, 16 0.74x; blocks of 128 KiB 0.63x, 64 KiB 0.61x (hand-offs).
+_PIPE_BLOCKS = 16
 _BLOCK_MIN = 256 << 10
-_BLOCK_MAX = 8 << 20
+_BLOCK_MAX = 4 << 20
 # numpy refuses more dimensions than this (64 in numpy 2, 32 in numpy 1).
 _MAX_DIMS = 64
 # Everything numpy's header parser (ast.literal_eval on untrusted text, then
@@ -277,7 +282,7 @@ def get_array(store: Store, digest: DigestLike, *, mmap: bool = False,
     """Read an array: into fresh memory (verified), or ``mmap=True`` as a read-only memory map.
 
     ``verify`` defaults to ``True`` for reads and ``False`` for maps.  A read
-    (``mmap=False``) fills fresh memory (from 8 MiB while a helper thread hashes
+    (``mmap=False``) fills fresh memory (from 2 MiB while a helper thread hashes
     what has been read); the array is returned only after the object hashed to its name
     (:class:`IntegrityError` otherwise, and no array).  ``mmap=True`` maps a raw
     object with no copy; with ``verify=True`` the file is hashed first, once
@@ -358,22 +363,21 @@ def _read_raw(path: str, d: Digest, verify: bool) -> npt.NDArray[Any]:
         n = min(len(view), len(first) - h.offset)
         view[:n] = first[h.offset:h.offset + n]
         if verify and size >= _PIPE_MIN:
-            # Hashing is slower than reading here (3-4 GB/s a core against 6-8 GB/s
-            # from the page cache), so the helper hashes with blake3's pool (both
-            # cores) in few, large updates: a quarter first (hashed while the rest is
-            # read), then 8 MiB at a time.  Every update wakes the pool, which costs:
-            # four 1 MiB updates measured 20-40% slower than one thread; these ran
-            # 5-10% faster than one thread (16 MiB arrays; 64 MiB unchanged).
-            with HashBeside(threaded=True) as hasher:
+            # One core's hash costs about what the read costs (1.3-1.6x here; 3x on a slower
+            # day), so a helper hashes each block on the other core while this thread reads
+            # the next: the cost is the larger of the two, not their sum.  The helper hashes on
+            # one thread: blake3's pool wakes its threads on every update, and pooled updates
+            # of 1-8 MiB ran 0.51x of np.load for 16 MiB arrays, against 0.70x for this (64
+            # MiB: 0.91x against 0.92x); 4 MiB arrays went from 0.56x to 0.74x of the limit.
+            with HashBeside(threaded=False) as hasher:
                 hasher.feed(memoryview(first)[:h.offset + n])
-                block = _block_for(len(view))
+                block = _block_for(len(view) - n)
                 pos = n
                 while pos < len(view):
                     end = min(pos + block, len(view))
                     _pread_exact(fd, view[pos:end], h.offset + pos, d)
                     hasher.feed(view[pos:end])
                     pos = end
-                    block = _BLOCK_MAX
                 extra = os.pread(fd, 1, size)
                 got: Optional[Digest] = hasher.digest()
         else:
@@ -398,9 +402,9 @@ def _read_raw(path: str, d: Digest, verify: bool) -> npt.NDArray[Any]:
 
 
 def _block_for(nbytes: int) -> int:
-    """Pipeline block size: small enough that the unoverlapped first read and last hash are
-    short, large enough that the per-block hand-off (~20 us here) stays a few percent."""
-    return max(_BLOCK_MIN, min(_BLOCK_MAX, nbytes // 4))
+    """Pipeline block size for ``nbytes`` to read: small enough that the unoverlapped first read
+    and last hash are short, large enough that the per-block hand-off (~20 us here) stays small."""
+    return max(_BLOCK_MIN, min(_BLOCK_MAX, -(-nbytes // _PIPE_BLOCKS)))
 
 
 def _pread_exact(fd: int, view: memoryview, off: int, d: Digest) -> None:
