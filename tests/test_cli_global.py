@@ -313,3 +313,73 @@ def test_demo_runs_in_a_temporary_store_and_explains_itself(tmp_path: Path) -> N
     doc = json.loads(r.stdout)
     assert doc["temporary"] is False and doc["dedupe"]["same_digest"] is True
     assert "demo" in casstore.open(root).heads()
+
+
+# -- the console script's exit: quick, but owing nothing --------------------------------------
+
+_QUICK = """
+import atexit, sys, threading, time
+from casstore.cli import app
+
+class Noisy:
+    def __del__(self):
+        sys.stdout.write("torn down\\n")
+
+keep = Noisy()  # freed only by a full interpreter teardown
+
+def command(argv=None):
+    atexit.register(lambda: sys.stdout.write("atexit ran\\n"))  # as a command's finalizers do
+    sys.stdout.write("x" * 200_000 + "\\n")  # buffered: a pipe
+    if sys.argv[1] == "thread":
+        threading.Thread(target=lambda: (time.sleep(0.3), sys.stdout.write("late thread done\\n"))).start()
+    if sys.argv[1] == "usage":
+        raise SystemExit(2)  # what argparse does for a usage error
+    return 3
+
+app.main = command
+app.entry()
+"""
+
+
+@pytest.mark.parametrize("case", ["plain", "thread", "usage"])
+def test_quick_exit_skips_teardown_but_owes_nothing(case: str) -> None:
+    # Tearing the interpreter down cost 15-20 ms of every command; the console script skips it, but
+    # only after flushing output, waiting for non-daemon threads and running the atexit handlers.
+    r = subprocess.run([PYTHON, "-c", _QUICK, case], capture_output=True, text=True, timeout=60)
+    lines = r.stdout.splitlines()
+    assert lines[0] == "x" * 200_000 and "atexit ran" in lines, r.stderr
+    if case == "usage":
+        assert r.returncode == 2 and "torn down" in lines  # argparse's exits take the normal way
+        return
+    assert r.returncode == 3, r.stderr
+    assert "torn down" not in lines  # the teardown was skipped
+    if case == "thread":
+        assert lines.index("late thread done") < lines.index("atexit ran")  # the thread was waited for
+
+
+def test_importing_the_cli_registers_no_exit_handler() -> None:
+    # The quick exit runs logging.shutdown itself and skips any other atexit handler registered
+    # before the command started: there must be none (a library imported by the CLI that
+    # registered one would have it skipped; run it from _quick_exit then).
+    code = ("import atexit, logging; n = atexit._ncallbacks(); import casstore.cli, casstore.store; "
+            "print(atexit._ncallbacks() - n)")
+    r = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert r.stdout.strip() == "0"
+
+
+def test_console_script_and_module_use_the_quick_exit(tmp_path: Path) -> None:
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "casstore"]
+    assert script.value == "casstore.cli:entry"
+    store = tmp_path / "s"
+    env = _env(tmp_path)
+    subprocess.run([PYTHON, "-m", "casstore", "init", str(store)], env=env, check=True, capture_output=True)
+    f = tmp_path / "f.bin"
+    f.write_bytes(b"payload")
+    r = subprocess.run([PYTHON, "-m", "casstore", "--store", str(store), "put", str(f)], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip().endswith(str(casstore.open(store).put(b"payload"))), r
+    r = subprocess.run([PYTHON, "-m", "casstore", "--store", str(store), "stat", "blake3:" + "0" * 64], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "casstore: error:" in r.stderr  # error lines and codes are unchanged

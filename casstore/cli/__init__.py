@@ -1,4 +1,4 @@
-"""The ``casstore`` command line (console script ``casstore = "casstore.cli:main"``).
+"""The ``casstore`` command line (console script ``casstore = "casstore.cli:entry"``: :func:`main`, then a quick exit).
 
 Store selection: ``--store DIR`` (before or after the command; it must be a
 store: ``casstore init DIR``), else ``$CASSTORE_DIR``, else the per-user
@@ -30,6 +30,6 @@ one function that needs it.
 
 from __future__ import annotations
 
-from .app import main
+from .app import entry, main
 
-__all__ = ["main"]
+__all__ = ["entry", "main"]
