@@ -252,6 +252,102 @@ def test_racing_stealers_one_wins(tmp_path: Path) -> None:
     assert [n for n in os.listdir(path.parent) if ".end." in n or ".new." in n] == []
 
 
+SHORT_EXPIRY_HOLDER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from casstore import _lock
+    _lock.LEASE_EXPIRY, _lock._QUICK_RELEASE = 1.0, 0.5  # its record says: stale after 1 s unchanged
+    path = Path(sys.argv[1])
+    _lock.configure(path.parent, "lease")
+    lk = _lock.FileLock(path, timeout=5).acquire()
+    print("held", flush=True)
+    sys.stdin.readline()
+    lk.release()
+    print("released", flush=True)
+""")
+
+
+def test_a_short_hold_ends_without_an_end_claim_an_old_or_beating_one_with_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An edit's lease (milliseconds) is released with a stat and an unlink: no waiter can be ending a
+    lease younger than half the expiry.  Older or beating leases still win the end claim first."""
+    path = _lease_dir(tmp_path, "q.lock")
+    claims: List[int] = []
+    real = _lock._claim
+
+    def spy(lease: Path, ino: int) -> Any:
+        claims.append(ino)
+        return real(lease, ino)
+
+    monkeypatch.setattr(_lock, "_claim", spy)
+    for _ in range(3):
+        with FileLock(path, timeout=5) as lk:
+            assert lease_path(path).exists() and lk.kind == "lease"
+        assert not lease_path(path).exists()
+    assert claims == []
+    monkeypatch.setattr(_lock, "_QUICK_RELEASE", 0.05)
+    with FileLock(path, timeout=5):
+        time.sleep(0.1)
+    assert len(claims) == 1 and not lease_path(path).exists()
+    monkeypatch.setattr(_lock, "_QUICK_RELEASE", 100.0)
+    with FileLock(path, timeout=5, heartbeat=0.05):
+        pass
+    assert len(claims) == 2 and not lease_path(path).exists()
+    assert [n for n in os.listdir(path.parent) if ".end." in n or ".new." in n] == []
+
+
+def test_a_stopped_non_beating_holder_taken_over_knows_it_and_leaves_the_new_lease(tmp_path: Path) -> None:
+    path = _lease_dir(tmp_path, "s.lock")
+    p = subprocess.Popen([sys.executable, "-c", SHORT_EXPIRY_HOLDER, str(path)], env=child_env(tmp_path),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdin is not None and p.stdout.readline().strip() == "held"
+        os.kill(p.pid, signal.SIGSTOP)
+        t = time.monotonic()
+        lk = FileLock(path, timeout=30).acquire()  # its lease is unchanged for 1 s: stale
+        assert 0.9 <= time.monotonic() - t < 10.0
+        mine = os.stat(lease_path(path)).st_ino
+        os.kill(p.pid, signal.SIGCONT)
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "released"
+        assert os.stat(lease_path(path)).st_ino == mine  # the old holder did not remove our lease
+        lk.release()
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+        p.kill()
+        _, err = p.communicate(timeout=JOIN)
+    assert "was taken over while this process held it" in err
+
+
+def test_a_waiter_polls_with_an_lstat_and_reads_the_lease_only_to_judge_its_holder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full look is four round trips on FUSE or NFS; waiters polling with it slowed every holder."""
+    path = _lease_dir(tmp_path, "p.lock")
+    p = _start_holder(path, "none", tmp_path)
+    looks: List[Path] = []
+    real = _lock._look
+
+    def spy(lease: Path) -> Any:
+        looks.append(lease)
+        return real(lease)
+
+    monkeypatch.setattr(_lock, "_look", spy)
+    t = time.monotonic()
+    with pytest.raises(casstore.LockTimeout):
+        FileLock(path, timeout=0.6).acquire()  # ~150 polls in 0.6 s at the back-off's 5 ms
+    assert time.monotonic() - t >= 0.6
+    assert 1 <= len(looks) <= 5, len(looks)  # one after the failed create, then one per CHECK_EVERY
+    assert p.stdin is not None and p.stdout is not None
+    p.stdin.write("\n")
+    p.stdin.flush()
+    assert p.stdout.readline().strip() == "released"
+    t = time.monotonic()
+    with FileLock(path, timeout=5):
+        assert time.monotonic() - t < 1.0
+    p.wait(JOIN)
+
+
 # -- shared leases (the GC lock that commits hold shared): holder files beside the lease --------------
 
 
