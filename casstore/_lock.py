@@ -80,10 +80,11 @@ it; otherwise it backs off.  Two stealers of one stale lease race for one
 ``O_EXCL`` name: one wins, the other sees EEXIST and waits on the new lease.
 A holder whose release finds the claim taken knows it was presumed dead (it
 was stopped longer than the expiry), says so in a warning, and leaves the
-lease alone.  A non-beating lease younger than half :data:`LEASE_EXPIRY` (on
-the monotonic and the wall clock both) skips the claim: no waiter can judge it
-stale (that takes seeing it unchanged for the whole expiry, or its holder
-dead), so nobody else can be ending it; its holder checks that the lease is
+lease alone.  A non-beating lease younger than a second (:data:`_QUICK_RELEASE`,
+half the shortest expiry, on the monotonic and the wall clock both) skips the
+claim: no waiter can judge it stale (that takes seeing it unchanged for the
+whole expiry, or its holder dead), so nobody else can be ending it; its holder
+checks that the lease is
 still its inode and unlinks it (two operations instead of seven: an edit's
 critical section on FUSE, 4 writers: 0.5x -> 0.6x of the same mount with
 working locks).  A claim whose creator died before finishing is older than
@@ -674,8 +675,8 @@ class LeaseStrategy(LockStrategy):
             ino = lock._lease_ino
             if not _lease_beat(lock)[1] and _age(lock._lease_born) < _QUICK_RELEASE:
                 # Nobody can be ending this lease but us: a waiter steals only a lease it saw unchanged
-                # for LEASE_EXPIRY (ours has not existed half that long, on either clock) or whose
-                # holder is dead (we are not).  So no end claim (five operations, a round trip each on
+                # for its expiry (2 s at the least; ours has not existed half that long, on either
+                # clock) or whose holder is dead (we are not).  So no end claim (five operations, a round trip each on
                 # FUSE or NFS, inside every edit's critical section): the inode check stays, for a
                 # frozen VM whose clocks both stood still (the hazard the module docstring leaves open).
                 try:
@@ -705,8 +706,9 @@ class LeaseStrategy(LockStrategy):
             os.close(fd)
 
 
-_QUICK_RELEASE = LEASE_EXPIRY / 2
-"""A non-beating lease younger than this (on both clocks) is released without an end claim."""
+_QUICK_RELEASE = min(LEASE_EXPIRY, _NO_RECORD_EXPIRY) / 2
+"""A non-beating lease younger than this (on both clocks) is released without an end claim: half the
+shortest expiry any waiter applies (2 s, for a lease whose record it could not read)."""
 
 
 def _now() -> Tuple[float, float]:
