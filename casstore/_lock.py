@@ -480,18 +480,14 @@ class LeaseStrategy(LockStrategy):
             # pread, close) only when the lease looks different from the last full look, or when its
             # holder is due for a check (CHECK_EVERY).  3 waiters polling a FUSE lease fully cost 11 full
             # looks per edit, ~4 daemon round trips each, while the holder was working.
-            if look_first:
-                quick = _stat_sig(lease)
-                if quick is None:
-                    sig, holder, beats = None, None, False
-                else:
-                    now = time.monotonic()
-                    if seen is not None and quick == seen[:3] and now < w.next_check:
-                        w.pause(now)
-                        continue
-                    sig, holder, beats = _look(lease)
-            else:
-                sig, holder, beats = None, None, False
+            sig, holder, beats = None, None, False
+            quick = _stat_sig(lease) if look_first else None
+            if quick is not None:
+                now = time.monotonic()
+                if seen is not None and quick == seen[:3] and now < w.next_check:
+                    w.pause(now)
+                    continue
+                sig, holder, beats = _look(lease)
             if sig is None:
                 if lock.shared:
                     if self._try_shared(lock, lease):
@@ -652,8 +648,8 @@ class LeaseStrategy(LockStrategy):
         return True
 
     def release(self, lock: FileLock) -> None:
-        """Remove our lease file -- after winning its end claim, so a stealer cannot replace it meanwhile --
-        or our shared holder file."""
+        """Remove our lease file -- an old or beating one after winning its end claim, so a stealer cannot
+        replace it meanwhile -- or our shared holder file."""
         shared, lock._shared_file = lock._shared_file, None
         fd = lock._end_beat()
         if fd < 0:  # the read-only shared no-op hold
@@ -673,24 +669,19 @@ class LeaseStrategy(LockStrategy):
                 return
             lease = lease_path(lock.path)
             ino = lock._lease_ino
-            if not _lease_beat(lock)[1] and _age(lock._lease_born) < _QUICK_RELEASE:
-                # Nobody can be ending this lease but us: a waiter steals only a lease it saw unchanged
-                # for its expiry (2 s at the least; ours has not existed half that long, on either
-                # clock) or whose holder is dead (we are not).  So no end claim (five operations, a round trip each on
-                # FUSE or NFS, inside every edit's critical section): the inode check stays, for a
-                # frozen VM whose clocks both stood still (the hazard the module docstring leaves open).
-                try:
-                    if os.stat(lease).st_ino == ino:
-                        os.unlink(lease)
-                    else:
-                        _taken_over(lock, lease)
-                except FileNotFoundError:
-                    _taken_over(lock, lease)
-                return
-            claims = _claim(lease, ino)  # a dead claimant's leftover (same inode number, reused) is skipped
-            if claims is None:
-                _taken_over(lock, lease)  # a stealer is ending it right now
-                return
+            claims: List[Path] = []
+            if lock.heartbeat is not None or _age(lock._lease_born) >= _QUICK_RELEASE:
+                got = _claim(lease, ino)  # a dead claimant's leftover (same inode number, reused) is skipped
+                if got is None:
+                    _taken_over(lock, lease)  # a stealer is ending it right now
+                    return
+                claims = got
+            # else no end claim (five operations, a round trip each on FUSE or NFS, inside every edit's
+            # critical section): nobody can be ending a non-beating lease this young but us.  A waiter
+            # steals only a lease it saw unchanged for its expiry (2 s at the least; ours has not
+            # existed half that long, on either clock) or whose holder is dead (we are not).  The inode
+            # check below stays, for a frozen VM whose clocks both stood still (the hazard the module
+            # docstring leaves open).
             try:
                 st = os.stat(lease)
                 if st.st_ino == ino:  # our open descriptor keeps our inode number from being reused
