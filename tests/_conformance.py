@@ -150,6 +150,14 @@ class ObjectStoreTests:
             assert isinstance(ei.value, LookupError)
             assert d.hex[:12] in str(ei.value)
 
+    def test_prefetch_is_a_hint_that_changes_nothing(self, objects: ObjectStore) -> None:
+        data = os.urandom(5000)
+        d, missing = digest_of(data), digest_of(b"never written")
+        objects.write(d, data)
+        objects.prefetch([d, missing, d])  # a missing object is no error: the read after it says so
+        objects.prefetch([])
+        assert list(objects.iter_digests()) == [d] and objects.read(d) == data and not objects.has(missing)
+
     def test_has_and_has_many(self, objects: ObjectStore) -> None:
         blobs = [os.urandom(100 + i) for i in range(8)]
         ds = [digest_of(b) for b in blobs]

@@ -160,6 +160,38 @@ def test_planted_special_file_is_refused_at_once_everywhere(tmp_path: Path, kind
     assert not (tmp_path / "out" / "a.npy").exists()  # checkout wrote nothing
 
 
+PREFETCH_CHILD = textwrap.dedent("""
+    import sys, time
+    import casstore
+    store = casstore.open(sys.argv[1], create=False)
+    d = casstore.Digest.parse(sys.argv[2])
+    t0 = time.monotonic()
+    store.objects.prefetch([d, d])  # a hint: returns at once and raises nothing
+    print(time.monotonic() - t0, flush=True)
+    try:
+        store.get(d)
+    except casstore.IntegrityError:
+        print("refused", flush=True)
+""")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "symlink-dev-zero", "symlink-to-copy"])
+def test_prefetch_of_a_planted_special_file_returns_at_once(tmp_path: Path, kind: str) -> None:
+    # The manifest tree names the nodes it is about to read to the store (issue 12); the hint opens
+    # each object file like every read does: no following, no blocking on a FIFO.
+    store = casstore.open(tmp_path / "store", durable=False)
+    d = store.put(os.urandom(3000), compress=False)
+    _plant(_object_file(store, d), kind, tmp_path / "outside")
+    try:
+        r = subprocess.run([sys.executable, "-c", PREFETCH_CHILD, str(store.root), str(d)],
+                           capture_output=True, text=True, timeout=CHILD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"prefetch hung on a planted {kind}")
+    assert r.returncode == 0, r.stderr
+    seconds, verdict = r.stdout.split()
+    assert float(seconds) < AT_ONCE and verdict == "refused"
+
+
 @pytest.mark.parametrize("kind", ["fifo", "symlink-dev-zero", "directory"])
 @pytest.mark.parametrize("command", ["get", "stat"])
 def test_cli_refuses_a_planted_special_file_in_one_line(tmp_path: Path, kind: str, command: str) -> None:

@@ -102,6 +102,14 @@ class ObjectStore(ABC):
             data: bytes = f.read()
         return data
 
+    def prefetch(self, digests: Iterable[Digest]) -> None:
+        """A hint that these objects will be read soon, one by one: start fetching them.
+
+        Never raises for a missing or damaged object (the read that follows
+        reports it) and changes nothing.  Default: nothing.
+        """
+        return None  # a store without a cheaper batch read simply reads each object when asked
+
     def has_many(self, digests: Iterable[Digest]) -> Set[Digest]:
         """Which of ``digests`` are present."""
         return {d for d in digests if self.has(d)}

@@ -69,6 +69,9 @@ class _PullNodes:
         self.fetched: Dict[Digest, bytes] = {}
         self.seen: Set[bytes] = set()  # nodes walked: a node shared by several versions is walked once
 
+    def prefetch(self, digests: Iterable[Digest]) -> None:
+        """Nothing: nodes are read from the remote one by one (the walk does not prefetch)."""
+
     def read(self, digest: Digest, *, verify: bool = True) -> bytes:
         """The node's bytes (a remote read is always verified)."""
         got = self.fetched.get(digest)
