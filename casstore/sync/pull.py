@@ -70,7 +70,7 @@ class _PullNodes:
         self.seen: Set[bytes] = set()  # nodes walked: a node shared by several versions is walked once
 
     def prefetch(self, digests: Iterable[Digest]) -> None:
-        """Nothing: nodes are read from the remote one by one (the walk does not prefetch)."""
+        """Nothing: only a commit announces nodes, and a pull walks trees through this view, never commits."""
 
     def read(self, digest: Digest, *, verify: bool = True) -> bytes:
         """The node's bytes (a remote read is always verified)."""
