@@ -92,6 +92,8 @@ _CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _FICLONE = 0x40049409  # linux/fs.h
 LINK_WORKERS = 4
 """Threads that make the hard or symbolic links of one directory (``link="hardlink"|"symlink"``)."""
+LINK_SLICE = 64
+"""Fewest keys of one directory a link worker takes as one job (a directory of fewer is one job)."""
 # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N links the open inode itself (Linux; no privilege needed).
 _PROC_FD = os.path.isdir("/proc/self/fd")
 _CHUNK = 1 << 20
@@ -557,16 +559,27 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
             while j < len(todo) and todo[j][0].startswith(base) and "/" not in todo[j][0][len(base):]:
                 j += 1
             group = todo[i:j] if pool is not None else todo[i:i + 1]
-            # ``dest`` (for messages) is a string: a Path per key cost more than a hard link does.
-            futs = [pool.submit(_write_one, store, pfd, k[len(base):], f"{out_s}/{k}", en,
-                                replace=pr or overwrite, link=link, trust=trust)
-                    for k, en, pr in group] if pool is not None else []
+            got: List[Union[StatKey, BaseException]] = []
+            if pool is not None:
+                # Slices of LINK_SLICE keys and up, one job each: a job per key cost ~24 futex calls
+                # per link (the GIL handed between the workers and this thread), and 10,000 hard
+                # links took 2.3 CPU-s against 1.5 with slices of 64 (wall 2.1 s against 1.4 s).
+                step = max(LINK_SLICE, -(-len(group) // LINK_WORKERS))
+                jobs = [pool.submit(_write_slice, store, pfd, base, out_s, group[a:a + step],
+                                    overwrite=overwrite, link=link, trust=trust)
+                        for a in range(0, len(group), step)]
+                got = [r for job in jobs for r in job.result()]
             first: Optional[BaseException] = None
             for n, (k, en, pr) in enumerate(group):
                 try:
-                    st = futs[n].result() if futs else _write_one(store, pfd, k[len(base):], f"{out_s}/{k}",
-                                                                   en, replace=pr or overwrite, link=link,
-                                                                   trust=trust)
+                    if got:
+                        r = got[n]
+                        if isinstance(r, BaseException):
+                            raise r
+                        st = r
+                    else:
+                        st = _write_one(store, pfd, k[len(base):], f"{out_s}/{k}", en, replace=pr or overwrite,
+                                        link=link, trust=trust)
                 except BaseException as ex:  # the others of the group finish first; the first error is raised
                     if first is None:
                         first, key = ex, k
@@ -705,6 +718,24 @@ def _check_leaf(store: Store, pfd: int, leaf: str, dest: str, e: Entry, overwrit
             "overwrite=True to replace it (the entry itself, inside the target; never what a link points to)"
         )
     return True
+
+
+def _write_slice(store: Store, pfd: int, base: str, out_s: str, keys: Sequence[Tuple[str, Entry, bool]], *,
+                 overwrite: bool, link: str, trust: Optional[HashRecord]) -> List[Union[StatKey, BaseException]]:
+    """:func:`_write_one` for a slice of one directory's keys, in order (on a link worker).
+
+    A key's error is kept in its place and the rest of the slice still runs, as when each key was
+    a job of its own: the caller raises the first error in key order after the whole group.
+    """
+    out: List[Union[StatKey, BaseException]] = []
+    for k, en, pr in keys:
+        try:
+            # ``dest`` (for messages) is a string: a Path per key cost more than a hard link does.
+            out.append(_write_one(store, pfd, k[len(base):], f"{out_s}/{k}", en, replace=pr or overwrite,
+                                  link=link, trust=trust))
+        except BaseException as ex:  # noqa: BLE001 - handed to the caller, which raises it in key order
+            out.append(ex)
+    return out
 
 
 def _write_one(store: Store, pfd: int, leaf: str, dest: str, e: Entry, *, replace: bool, link: str,
