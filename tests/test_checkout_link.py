@@ -13,7 +13,7 @@ import io
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import msgpack
 import pytest
@@ -207,15 +207,20 @@ def test_a_large_record_is_merged_and_rewritten(added: casstore.Store, tmp_path:
     assert len(docs) == 1 and len(docs[0]["e"]) == len(FILES) + 5  # type: ignore[index]
 
 
+@pytest.mark.parametrize("slice_max", [None, 16])
 def test_a_large_directory_is_linked_in_a_few_jobs_and_errors_come_in_key_order(
-        store: casstore.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: casstore.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slice_max: Optional[int]) -> None:
     # Issue 12's hard-link checkout: a job per key handed the GIL between the link workers and the
     # caller ~24 times per link (10,000 links: 2.3 CPU-s, 1.5 with slices of 64 keys per job).  The
     # slices must keep what separate jobs gave: every other key of the directory is still linked,
-    # and the first failing key in key order is the one named.
+    # and the first failing key in key order is the one named.  (``slice_max``: a directory larger
+    # than LINK_SLICE_MAX x LINK_WORKERS keys goes in more, capped slices, whose results, and so the
+    # progress bar, come one slice at a time.)
     import importlib
 
     co_mod = importlib.import_module("casstore.manifests.checkout")
+    if slice_max is not None:
+        monkeypatch.setattr(co_mod, "LINK_SLICE_MAX", slice_max)
     files = {f"big/f{i:03d}.bin": os.urandom(200 + i) for i in range(200)}
     src = tmp_path / "src"
     (src / "big").mkdir(parents=True)
@@ -237,7 +242,11 @@ def test_a_large_directory_is_linked_in_a_few_jobs_and_errors_come_in_key_order(
     out = tmp_path / "out"
     with pytest.raises(IntegrityError, match=r"corrupt.*stopped at 'big/f060.bin'"):
         store.checkout("many", out, link="hardlink")
-    assert sum(jobs) == 200 and len(jobs) <= co_mod.LINK_WORKERS, jobs
+    assert sum(jobs) == 200, jobs
+    if slice_max is None:
+        assert len(jobs) <= co_mod.LINK_WORKERS, jobs
+    else:
+        assert max(jobs) == slice_max and len(jobs) == -(-200 // slice_max), jobs
     linked = {p.relative_to(out).as_posix() for p in (out / "big").iterdir()}
     assert linked == set(files) - {"big/f150.bin", "big/f060.bin"}  # every other key, whole
     assert all((out / k).read_bytes() == files[k] and (out / k).stat().st_nlink >= 2 for k in linked)
