@@ -562,7 +562,7 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
             while j < len(todo) and todo[j][0].startswith(base) and "/" not in todo[j][0][len(base):]:
                 j += 1
             group = todo[i:j] if pool is not None else todo[i:i + 1]
-            got: Optional[Iterator[Union[StatKey, BaseException]]] = None
+            got: Iterator[Union[StatKey, BaseException]]
             if pool is not None:
                 # Slices of LINK_SLICE keys and up, one job each: a job per key cost ~24 futex calls
                 # per link (the GIL handed between the workers and this thread), and 10,000 hard
@@ -573,17 +573,15 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
                                     overwrite=overwrite, link=link, trust=trust)
                         for a in range(0, len(group), step)]
                 got = itertools.chain.from_iterable(job.result() for job in jobs)  # in key order
+            else:  # copies: one key at a time, on this thread
+                got = iter(_write_slice(store, pfd, base, out_s, group, overwrite=overwrite, link=link, trust=trust))
             first: Optional[BaseException] = None
-            for k, en, pr in group:
+            for k, en, _ in group:
                 try:
-                    if got is not None:
-                        r = next(got)
-                        if isinstance(r, BaseException):
-                            raise r
-                        st = r
-                    else:
-                        st = _write_one(store, pfd, k[len(base):], f"{out_s}/{k}", en, replace=pr or overwrite,
-                                        link=link, trust=trust)
+                    r = next(got)
+                    if isinstance(r, BaseException):
+                        raise r
+                    st = r
                 except BaseException as ex:  # the others of the group finish first; the first error is raised
                     if first is None:
                         first, key = ex, k
@@ -726,7 +724,7 @@ def _check_leaf(store: Store, pfd: int, leaf: str, dest: str, e: Entry, overwrit
 
 def _write_slice(store: Store, pfd: int, base: str, out_s: str, keys: Sequence[Tuple[str, Entry, bool]], *,
                  overwrite: bool, link: str, trust: Optional[HashRecord]) -> List[Union[StatKey, BaseException]]:
-    """:func:`_write_one` for a slice of one directory's keys, in order (on a link worker).
+    """:func:`_write_one` for a slice of one directory's keys, in order (on a link worker, or inline).
 
     A key's error is kept in its place and the rest of the slice still runs, as when each key was
     a job of its own: the caller raises the first error in key order after the whole group.
