@@ -11,8 +11,9 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import _seaweed
 import blake3
@@ -344,6 +345,63 @@ def test_push_refuses_closure_missing_everywhere(tmp_path: Path, remote: casstor
     remote.objects.write(ghost, b"never stored anywhere")
     a.push(remote, "h")
     check_remote_consistent(seaweed.client(), remote.url)
+
+
+class _AlterOnFirstPart(Counter):  # type: ignore[type-arg]
+    """``Remote.objects.connection.requests`` that calls ``alter`` as the first part of an upload is sent.
+
+    Deterministic: boto3 reads at most 10 parts ahead of those sent (its in-memory bound), so
+    for an object of more parts the tail is still unread at that moment.
+    """
+
+    def __init__(self, alter: Callable[[], None]) -> None:
+        super().__init__()
+        self.alter = alter
+
+    def __setitem__(self, op: str, n: int) -> None:
+        super().__setitem__(op, n)
+        if op == "UploadPart" and n == 1:
+            self.alter()
+
+
+@pytest.mark.parametrize("when", ["flipped-before", "truncated-before", "truncated-during", "rewritten-during"])
+def test_push_refuses_a_local_object_altered_before_or_during_its_upload(tmp_path: Path, remote: casstore.Remote,
+                                                                       seaweed: Any, when: str) -> None:
+    """A large local object damaged, cut short or rewritten (by someone who made it writable) before
+    or while its parts go up: IntegrityError naming it, and the upload is never completed: no
+    object and no ref on the remote, nothing partial left behind."""
+    a = casstore.open(tmp_path / "a")
+    during = when.endswith("during")
+    big = os.urandom((12 if during else 2) * 5 * MiB + 123)  # 5 MiB parts: more than boto3 reads ahead
+    with a.edit("h") as m:
+        m["big"] = d = a.put(big)
+        m["other"] = a.put(b"fine")
+    path = a.path(d)
+    os.chmod(path, 0o644)
+
+    def alter() -> None:
+        if when.startswith("truncated"):
+            os.truncate(path, len(big) - 4096)
+        else:  # same size, other bytes: only the hash can tell
+            with open(path, "r+b") as f:
+                f.seek(-4096 if during else len(big) // 2, os.SEEK_END if during else os.SEEK_SET)
+                f.write(os.urandom(16))
+
+    if during:
+        remote.objects.connection.requests = _AlterOnFirstPart(alter)
+    else:
+        alter()
+    with pytest.raises(casstore.IntegrityError, match="not pushed") as ei:
+        a.push(remote, "h")
+    assert str(d) in str(ei.value)
+    if during:
+        assert remote.objects.connection.requests["UploadPart"] >= 1  # it was caught mid-upload
+    client = seaweed.client()
+    keys = remote_listing(client, remote.url)
+    assert remote.objects.key(d) not in keys
+    assert not any("/refs/" in k for k in keys), keys
+    bucket_prefix = remote.url[len(f"s3://{BUCKET}/"):]
+    assert client.list_multipart_uploads(Bucket=BUCKET, Prefix=bucket_prefix).get("Uploads", []) == []
 
 
 # -- pull verifies -------------------------------------------------------------------------------

@@ -1102,8 +1102,11 @@ class LocalObjects(ObjectStore):
 
     # -- reading --
 
-    def open(self, digest: Digest, *, verify: bool = True) -> BinaryIO:
+    def open(self, digest: Digest, *, verify: bool = True, exact: bool = False) -> BinaryIO:
         """Open an object for streaming, read-only (see :class:`~casstore.objects.reader.ObjectReader`).
+
+        ``exact=True`` (with ``verify``): the hash is of the very bytes handed out, on the
+        caller's thread, never of the file read beside them; for copies that leave the machine.
 
         A missing object of at least ``upstream.ranged_min`` bytes is not
         downloaded whole: the stream fetches the ranges read
@@ -1125,7 +1128,7 @@ class LocalObjects(ObjectStore):
         except BaseException:
             os.close(fd)
             raise
-        raw = ObjectReader(digest, loc.path, fd, loc.codec, verify, size)
+        raw = ObjectReader(digest, loc.path, fd, loc.codec, verify, size, exact=exact)
         # A buffer smaller than CHUNK: readinto() calls of >= 256 KiB then go
         # straight to the raw reader instead of being copied through the buffer.
         return io.BufferedReader(raw, buffer_size=_READ_BUFFER)

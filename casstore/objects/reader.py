@@ -89,11 +89,16 @@ class ObjectReader(io.RawIOBase):
     share both cores.  What is compared at EOF is then the file's content, the
     same bytes the caller was handed (an object file is immutable; ``get``
     verifies the same way).  Closing the reader, or seeking elsewhere, stops
-    the helper and waits for it.
+    the helper and waits for it.  ``exact=True`` hashes the bytes handed out
+    instead, on the caller's thread: for bytes that leave the machine (a push),
+    where a file rewritten in place under the reader (it takes a ``chmod``)
+    must not go out as verified because the helper had hashed it before.
     """
 
-    def __init__(self, digest: Digest, path: str, fd: int, codec: Codec, verify: bool, size: int) -> None:
+    def __init__(self, digest: Digest, path: str, fd: int, codec: Codec, verify: bool, size: int, *,
+                 exact: bool = False) -> None:
         super().__init__()
+        self._exact = exact
         self._size = size
         self._seen = 0
         self.digest = digest
@@ -138,7 +143,7 @@ class ObjectReader(io.RawIOBase):
     def readinto(self, b: Union[bytearray, memoryview]) -> Optional[int]:  # type: ignore[override]
         mv = memoryview(b).cast("B")
         if (self._verifying and self._seen == 0 and self._beside is None and self._codec.byte_exact
-                and self._size >= OVERLAP_MIN):
+                and self._size >= OVERLAP_MIN and not self._exact):
             fd, size, stop = self._file.fileno(), self._size, self._stop
             self._beside = run_beside(lambda: hash_fd(fd, size, window=_WINDOW, stop=stop), "casstore-verify")
         n: int = self._src.readinto(mv)  # type: ignore[attr-defined]

@@ -133,17 +133,16 @@ def upload_object(src: LocalObjects, dst: S3Objects, d: Digest, size: int) -> in
         except IntegrityError:
             raise _corrupt_local(src, d) from None
         return size
-    loc = src.locate(d)
-    if not loc.codec.byte_exact:
-        with _NoSeek(src.open(d)) as f:  # the reader verifies at EOF, before the last part goes up
+    # Streamed through a reader that hashes exactly what it hands over (exact=True: not the file,
+    # beside the reads) and raises at a short or long file or wrong bytes before the last part
+    # goes up, so the upload is never completed.  Hazard: hashing the file first and then
+    # uploading it from its descriptor let a file truncated or rewritten in between go up, create-
+    # only, for good (boto3 sizes a seekable upload by seeking to its end, and never compares).
+    with _NoSeek(src.open(d, exact=True)) as f:
+        try:
             dst.upload(d, f)
-        return size
-    fd, st = open_object_file(loc.path, d)
-    with open(fd, "rb") as f:
-        got = hash_fd(fd, st.st_size)
-        if got != d:
-            raise _corrupt_local(src, d, got)
-        dst.upload(d, f)
+        except IntegrityError:
+            raise _corrupt_local(src, d) from None
     return size
 
 
