@@ -24,9 +24,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 try:  # the benchmarks reuse the server helpers without pytest installed
     import pytest
@@ -397,6 +398,25 @@ def remote(seaweed: SeaweedServer, remote_url: str) -> Any:
 
     return casstore.Remote(remote_url, endpoint_url=seaweed.endpoint, multipart_threshold=8 << 20,
                            multipart_chunksize=5 << 20, progress=False, chunking=None)
+
+
+class CallOnRequest(Counter):  # type: ignore[type-arg]
+    """A ``Remote.objects.connection.requests`` counter that calls ``fn`` as the ``nth`` ``op`` is sent.
+
+    For changing local state at a known point of a transfer (real client, real server): the
+    connection counts each request as botocore is about to send it.
+    """
+
+    def __init__(self, op: str, fn: Callable[[], None], *, nth: int = 1) -> None:
+        super().__init__()
+        self.op = op
+        self.fn = fn
+        self.nth = nth
+
+    def __setitem__(self, op: str, n: int) -> None:
+        super().__setitem__(op, n)
+        if op == self.op and n == self.nth:
+            self.fn()
 
 
 # -- inspection helpers --------------------------------------------------------------

@@ -150,6 +150,44 @@ def test_tampered_chunk_or_recipe_stores_nothing(tmp_path: Path, rem: casstore.R
     assert b.get(d) == data
 
 
+@pytest.mark.parametrize("when", ["before", "during"])
+def test_push_refuses_a_local_object_rewritten_before_or_while_its_chunks_go_up(
+        tmp_path: Path, rem: casstore.Remote, seaweed: Any, when: str) -> None:
+    """A local object rewritten in place (someone made it writable) before the push, or after its
+    recipe was cut while its chunks go up: IntegrityError naming it, and no recipe on the remote;
+    every chunk that did go up holds the bytes its name says."""
+    a = casstore.open(tmp_path / "a")
+    with a.edit("warm") as m:  # a first push probes the server (a PUT of a scratch key) once
+        m["x"] = a.put(b"x")
+    a.push(rem, "warm")
+    data = os.urandom(4 * MiB + 17)  # SMALL: about 32 chunks, sent 8 at a time
+    with a.edit("h") as m:
+        m["big"] = d = a.put(data)
+    p = a.path(d)
+    os.chmod(p, 0o644)
+
+    def alter() -> None:
+        with open(p, "r+b") as f:  # the last chunk's bytes, same size
+            f.seek(-4096, os.SEEK_END)
+            f.write(bytes(b ^ 0xFF for b in data[-4096:-4080]))
+
+    if when == "during":
+        # The first PUT is the push's marker for remote gc (sync/markers.py); the second, a chunk's.
+        rem.objects.connection.requests = _seaweed.CallOnRequest("PutObject", alter, nth=2)
+    else:
+        alter()
+    with pytest.raises(IntegrityError, match="not pushed") as ei:
+        a.push(rem, "h")
+    assert str(d) in str(ei.value)
+    assert _keys(seaweed, rem, "recipes") == {} and list(_keys(seaweed, rem, "refs")) == [
+        rem.url[len(f"s3://{BUCKET}/"):] + "/refs/heads/warm"]
+    if when == "during":
+        assert _keys(seaweed, rem, "chunks")  # it was caught mid-upload
+    for key in _keys(seaweed, rem, "chunks"):
+        body = seaweed.client().get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        assert casstore.Digest.of(body).hex == key.rsplit("/", 2)[-2] + key.rsplit("/", 1)[-1]
+
+
 def test_read_through_and_ranged_reads_of_a_chunked_object(tmp_path: Path, rem: casstore.Remote) -> None:
     a = casstore.open(tmp_path / "a")
     data = random.Random(6).randbytes(5 * MiB + 7)

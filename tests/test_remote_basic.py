@@ -11,14 +11,13 @@ import os
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Dict, List
 
 import _seaweed
 import blake3
 import pytest
-from _seaweed import BUCKET, check_remote_consistent, free_port, remote_listing
+from _seaweed import BUCKET, CallOnRequest, check_remote_consistent, free_port, remote_listing
 
 import casstore
 from casstore.sync import add_remote, get_remote, load_remotes, remove_remote
@@ -347,23 +346,6 @@ def test_push_refuses_closure_missing_everywhere(tmp_path: Path, remote: casstor
     check_remote_consistent(seaweed.client(), remote.url)
 
 
-class _AlterOnFirstPart(Counter):  # type: ignore[type-arg]
-    """``Remote.objects.connection.requests`` that calls ``alter`` as the first part of an upload is sent.
-
-    Deterministic: boto3 reads at most 10 parts ahead of those sent (its in-memory bound), so
-    for an object of more parts the tail is still unread at that moment.
-    """
-
-    def __init__(self, alter: Callable[[], None]) -> None:
-        super().__init__()
-        self.alter = alter
-
-    def __setitem__(self, op: str, n: int) -> None:
-        super().__setitem__(op, n)
-        if op == "UploadPart" and n == 1:
-            self.alter()
-
-
 @pytest.mark.parametrize("when", ["flipped-before", "truncated-before", "truncated-during", "rewritten-during"])
 def test_push_refuses_a_local_object_altered_before_or_during_its_upload(tmp_path: Path, remote: casstore.Remote,
                                                                        seaweed: Any, when: str) -> None:
@@ -388,7 +370,8 @@ def test_push_refuses_a_local_object_altered_before_or_during_its_upload(tmp_pat
                 f.write(os.urandom(16))
 
     if during:
-        remote.objects.connection.requests = _AlterOnFirstPart(alter)
+        # boto3 reads at most 10 parts ahead of those sent: the tail is still unread here
+        remote.objects.connection.requests = CallOnRequest("UploadPart", alter)
     else:
         alter()
     with pytest.raises(casstore.IntegrityError, match="not pushed") as ei:

@@ -43,8 +43,8 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 import msgpack
 
 from .._shared import STATE
-from ..digest import Digest, hash_bytes
-from ..errors import StoreFormatError
+from ..digest import Digest, hash_bytes, new_hasher
+from ..errors import IntegrityError, StoreFormatError
 
 __all__ = ["Chunking", "Recipe", "ChunkRef", "decode_recipe", "ChunkIndex", "MAX_CHUNK", "MAX_RECIPE_BYTES",
            "RECIPE_FORMAT", "DEFAULT_CHUNKING"]
@@ -144,9 +144,25 @@ class Chunking:
             yield int(c.offset), int(c.length)
 
     def recipe(self, digest: Digest, buf: memoryview) -> Recipe:
-        """Cut and hash ``buf`` (the object ``digest``'s bytes) into a recipe."""
-        chunks = tuple(ChunkRef(hash_bytes(buf[off:off + n]), off, n) for off, n in self.cut(buf))
-        return Recipe(digest, len(buf), chunks)
+        """Cut and hash ``buf`` (the object ``digest``'s bytes) into a recipe.
+
+        :class:`IntegrityError` if the bytes cut do not hash to ``digest``.  Each chunk is
+        copied once, and that copy is both hashed as the chunk and fed to the object's hash:
+        the recipe's chunks then join into bytes that hash to ``digest`` even if ``buf`` (a
+        map of a local file) is rewritten meanwhile.  Hazard: hashing the map whole and then
+        cutting it read each byte twice, and a file changed in between gave a recipe, create-
+        only on a remote for good, whose chunks join into other bytes.
+        """
+        whole = new_hasher()
+        chunks: List[ChunkRef] = []
+        for off, n in self.cut(buf):
+            piece = bytes(buf[off:off + n])
+            chunks.append(ChunkRef(hash_bytes(piece, threaded=False), off, n))
+            whole.update(piece)
+        got = Digest(whole.hexdigest())
+        if got != digest or sum(c.length for c in chunks) != len(buf):
+            raise IntegrityError(f"object {digest} is corrupt: its bytes hash to {got}")
+        return Recipe(digest, len(buf), tuple(chunks))
 
 
 DEFAULT_CHUNKING = Chunking()

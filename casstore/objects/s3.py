@@ -985,8 +985,13 @@ class S3Objects(ObjectStore):
                 todo.setdefault(c.digest, c)
 
         def send(c: ChunkRef) -> int:
-            self.put_content(self.chunk_key(c.digest), bytes(buf[c.offset:c.offset + c.length]),
-                             action="uploading chunk")
+            # The bytes sent are hashed again: ``buf`` may map a local file that was rewritten
+            # since the recipe was cut, and a chunk key, create-only, would keep other bytes.
+            body = bytes(buf[c.offset:c.offset + c.length])
+            if hash_bytes(body, threaded=False) != c.digest:
+                raise IntegrityError(f"chunk {c.digest} of object {recipe.digest} changed after it was cut "
+                                     "(its local file was rewritten meanwhile); nothing more was sent")
+            self.put_content(self.chunk_key(c.digest), body, action="uploading chunk")
             return c.length
 
         items = list(todo.values())

@@ -163,12 +163,15 @@ def _upload_chunked(src: LocalObjects, dst: S3Objects, d: Digest) -> int:
         with mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ) as mm:
             mv = memoryview(mm)
             try:
-                got = hash_bytes(mv)
-                if got != d:
-                    raise _corrupt_local(src, d, got)
-                recipe = dst.chunking.recipe(d, mv)
-                with ThreadPoolExecutor(min(8, dst.connection.workers), thread_name_prefix="casstore-chunks") as ex:
-                    sent = dst.upload_chunked(recipe, mv, executor=ex)
+                try:
+                    # (the recipe hashes the object over the very chunk copies it names; each chunk is
+                    # hashed again as it is sent: a file rewritten meanwhile never goes up as this object)
+                    recipe = dst.chunking.recipe(d, mv)
+                    with ThreadPoolExecutor(min(8, dst.connection.workers),
+                                            thread_name_prefix="casstore-chunks") as ex:
+                        sent = dst.upload_chunked(recipe, mv, executor=ex)
+                except IntegrityError:
+                    raise _corrupt_local(src, d) from None
             finally:
                 mv.release()
     finally:
