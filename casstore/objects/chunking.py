@@ -38,7 +38,7 @@ import contextlib
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 import msgpack
 
@@ -135,34 +135,62 @@ class Chunking:
         """Is an object of ``size`` bytes stored as chunks?"""
         return size >= self.min_object
 
-    def cut(self, buf: memoryview) -> Iterator[Tuple[int, int]]:
-        """``(offset, length)`` of each content-defined chunk of ``buf``, in order."""
+    def _cdc(self) -> Any:
         import pyfastcdc
 
-        cdc = pyfastcdc.FastCDC(avg_size=self.avg_size, min_size=self.min_size, max_size=self.max_size)
-        for c in cdc.cut_buf(buf):
+        return pyfastcdc.FastCDC(avg_size=self.avg_size, min_size=self.min_size, max_size=self.max_size)
+
+    def cut(self, buf: memoryview) -> Iterator[Tuple[int, int]]:
+        """``(offset, length)`` of each content-defined chunk of ``buf``, in order."""
+        for c in self._cdc().cut_buf(buf):
             yield int(c.offset), int(c.length)
 
     def recipe(self, digest: Digest, buf: memoryview) -> Recipe:
         """Cut and hash ``buf`` (the object ``digest``'s bytes) into a recipe.
 
-        :class:`IntegrityError` if the bytes cut do not hash to ``digest``.  Each chunk is
-        copied once, and that copy is both hashed as the chunk and fed to the object's hash:
-        the recipe's chunks then join into bytes that hash to ``digest`` even if ``buf`` (a
-        map of a local file) is rewritten meanwhile.  Hazard: hashing the map whole and then
-        cutting it read each byte twice, and a file changed in between gave a recipe, create-
-        only on a remote for good, whose chunks join into other bytes.
+        :class:`IntegrityError` if they do not hash to ``digest`` (see :meth:`recipe_of`).
         """
-        whole = new_hasher()
-        chunks: List[ChunkRef] = []
-        for off, n in self.cut(buf):
-            piece = bytes(buf[off:off + n])
-            chunks.append(ChunkRef(hash_bytes(piece, threaded=False), off, n))
-            whole.update(piece)
-        got = Digest(whole.hexdigest())
-        if got != digest or sum(c.length for c in chunks) != len(buf):
-            raise IntegrityError(f"object {digest} is corrupt: its bytes hash to {got}")
-        return Recipe(digest, len(buf), tuple(chunks))
+        return _recipe(digest, self._cdc().cut_buf(buf), len(buf))
+
+    def recipe_of(self, digest: Digest, f: _ReadInto, size: int) -> Recipe:
+        """Cut and hash the object ``digest`` of ``size`` bytes, read once in order from ``f``, into
+        a recipe, in bounded memory (the chunker's window: a few times :attr:`max_size`).
+
+        The chunk boundaries are those :meth:`cut` finds in the same bytes.  Each chunk's bytes,
+        as read, are hashed as the chunk and fed to the object's hash, so the recipe's chunks
+        join into bytes that hash to ``digest``: :class:`IntegrityError` otherwise, or when
+        ``f`` ends before or after ``size`` bytes.  Hazard: hashing a map of the file whole and
+        then cutting it read each byte twice, and a file rewritten in between gave a recipe
+        (create-only on a remote, for good) whose chunks join into other bytes; a map of a file
+        truncated meanwhile kills the process with SIGBUS, where a read just ends early.
+        """
+        return _recipe(digest, self._cdc().cut_stream(f), size)
+
+
+class _ReadInto(Protocol):
+    def readinto(self, b: memoryview, /) -> int: ...
+
+
+class _Piece(Protocol):
+    offset: int
+    length: int
+    data: memoryview
+
+
+def _recipe(digest: Digest, pieces: Iterable[_Piece], size: int) -> Recipe:
+    """The recipe of the chunks ``pieces`` (valid until the next is taken), checked against ``digest``."""
+    whole = new_hasher()
+    chunks: List[ChunkRef] = []
+    end = 0
+    for c in pieces:
+        off, n = int(c.offset), int(c.length)
+        chunks.append(ChunkRef(hash_bytes(c.data, threaded=False), off, n))
+        whole.update(c.data)
+        end = off + n
+    got = Digest(whole.hexdigest())
+    if got != digest or end != size:
+        raise IntegrityError(f"object {digest} is corrupt: its {end} bytes (of {size}) hash to {got}")
+    return Recipe(digest, size, tuple(chunks))
 
 
 DEFAULT_CHUNKING = Chunking()

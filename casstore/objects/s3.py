@@ -971,11 +971,14 @@ class S3Objects(ObjectStore):
                               f"is corrupt (not the {c.length} bytes named {c.digest}); nothing was stored. Delete "
                               "it and push the object again from a good copy")
 
-    def upload_chunked(self, recipe: Recipe, buf: memoryview, *, executor: Optional[Executor] = None) -> int:
-        """Upload the chunks of ``recipe`` (the bytes of ``buf``) the remote lacks, then the recipe.
+    def upload_chunked(self, recipe: Recipe, read_at: Callable[[int, int], bytes], *,
+                       executor: Optional[Executor] = None) -> int:
+        """Upload the chunks of ``recipe`` the remote lacks, then the recipe.
 
-        Create-only throughout; the recipe goes last, so a recipe never names a
-        missing chunk.  Returns the chunk bytes uploaded.
+        ``read_at(offset, length)`` returns the object's bytes there (fewer at a file that
+        shrank).  Each chunk read is hashed again before it is sent (:class:`IntegrityError`
+        if it no longer matches, and the recipe is not written).  Create-only throughout; the
+        recipe goes last, so a recipe never names a missing chunk.  Returns the chunk bytes uploaded.
         """
         lengths = {c.digest: c.length for c in recipe.chunks}
         have = self.listed(CHUNKS, lengths, executor=executor, size_ok=lambda d, n: lengths.get(d, n) == n)
@@ -985,10 +988,10 @@ class S3Objects(ObjectStore):
                 todo.setdefault(c.digest, c)
 
         def send(c: ChunkRef) -> int:
-            # The bytes sent are hashed again: ``buf`` may map a local file that was rewritten
-            # since the recipe was cut, and a chunk key, create-only, would keep other bytes.
-            body = bytes(buf[c.offset:c.offset + c.length])
-            if hash_bytes(body, threaded=False) != c.digest:
+            # The bytes sent are hashed again: the local file may have been rewritten since the
+            # recipe was cut, and a chunk key, create-only, would keep other bytes for good.
+            body = read_at(c.offset, c.length)
+            if len(body) != c.length or hash_bytes(body, threaded=False) != c.digest:
                 raise IntegrityError(f"chunk {c.digest} of object {recipe.digest} changed after it was cut "
                                      "(its local file was rewritten meanwhile); nothing more was sent")
             self.put_content(self.chunk_key(c.digest), body, action="uploading chunk")

@@ -25,8 +25,8 @@ Hazards:
 
 from __future__ import annotations
 
+import functools
 import io
-import mmap
 import os
 import threading
 from collections import deque
@@ -147,7 +147,7 @@ def upload_object(src: LocalObjects, dst: S3Objects, d: Digest, size: int) -> in
 
 
 def _upload_chunked(src: LocalObjects, dst: S3Objects, d: Digest) -> int:
-    """Cut a local object into content-defined chunks (verified whole first), upload what the remote lacks."""
+    """Cut a local object into content-defined chunks (verified as cut), upload what the remote lacks."""
     assert dst.chunking is not None
     loc = src.locate(d)
     staged = None
@@ -160,20 +160,15 @@ def _upload_chunked(src: LocalObjects, dst: S3Objects, d: Digest) -> int:
                 staged.write(block)
         fd, st = staged.fd, os.fstat(staged.fd)
     try:
-        with mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ) as mm:
-            mv = memoryview(mm)
-            try:
-                try:
-                    # (the recipe hashes the object over the very chunk copies it names; each chunk is
-                    # hashed again as it is sent: a file rewritten meanwhile never goes up as this object)
-                    recipe = dst.chunking.recipe(d, mv)
-                    with ThreadPoolExecutor(min(8, dst.connection.workers),
-                                            thread_name_prefix="casstore-chunks") as ex:
-                        sent = dst.upload_chunked(recipe, mv, executor=ex)
-                except IntegrityError:
-                    raise _corrupt_local(src, d) from None
-            finally:
-                mv.release()
+        # Read, never mapped: a file truncated under a map kills the process (SIGBUS), and a
+        # read sees the bytes once.  The recipe hashes the object over the very chunks it names;
+        # each chunk is read and hashed again as it is sent (a file rewritten meanwhile raises).
+        with open(fd, "rb", buffering=0, closefd=False) as f:
+            recipe = dst.chunking.recipe_of(d, f, st.st_size)
+        with ThreadPoolExecutor(min(8, dst.connection.workers), thread_name_prefix="casstore-chunks") as ex:
+            sent = dst.upload_chunked(recipe, functools.partial(_pread, fd), executor=ex)
+    except IntegrityError:
+        raise _corrupt_local(src, d) from None
     finally:
         if staged is not None:
             staged.abort()
@@ -181,6 +176,19 @@ def _upload_chunked(src: LocalObjects, dst: S3Objects, d: Digest) -> int:
             os.close(fd)
     ChunkIndex(src.root).add(recipe)  # this store holds these chunks: a later pull of a relative reuses them
     return sent
+
+
+def _pread(fd: int, off: int, n: int) -> bytes:
+    """``n`` bytes of ``fd`` at ``off`` (fewer only where the file ends)."""
+    parts: List[bytes] = []
+    got = 0
+    while got < n:
+        b = os.pread(fd, n - got, off + got)
+        if not b:
+            break
+        parts.append(b)
+        got += len(b)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 # -- pull: remote -> local ----------------------------------------------------------------------
