@@ -360,7 +360,7 @@ def test_quick_exit_skips_teardown_but_owes_nothing(case: str) -> None:
 def test_importing_the_cli_registers_no_exit_handler() -> None:
     # The quick exit runs logging.shutdown itself and skips any other atexit handler registered
     # before the command started: there must be none (a library imported by the CLI that
-    # registered one would have it skipped; run it from _quick_exit then).
+    # registered one would have it skipped; run it from app._QuickExit then).
     code = ("import atexit, logging; n = atexit._ncallbacks(); import casstore.cli, casstore.store; "
             "print(atexit._ncallbacks() - n)")
     r = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60, check=True)

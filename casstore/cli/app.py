@@ -21,7 +21,8 @@ import logging
 import os
 import select
 import sys
-from typing import List, NoReturn, Optional, Sequence
+from dataclasses import dataclass
+from typing import NoReturn, Optional, Sequence
 
 from .. import __version__
 from ..errors import CasstoreError
@@ -252,22 +253,24 @@ def entry() -> NoReturn:
     output that cannot be flushed take the normal exit.  :func:`main` itself just returns
     (tests call it in-process).
     """
-    atexit.register(_quick_exit)
-    rc = main()  # (argparse's SystemExit passes through: _EXIT stays None, the normal exit)
-    _EXIT[0] = rc
-    sys.exit(rc)
+    quick = _QuickExit()
+    atexit.register(quick)
+    quick.rc = main()  # (argparse's SystemExit passes through: rc stays None, the normal exit)
+    sys.exit(quick.rc)
 
 
-_EXIT: List[Optional[int]] = [None]  # the code main() returned, once it has
+@dataclass(slots=True)
+class _QuickExit:
+    """The last ``atexit`` handler of :func:`entry`: ends the process once :func:`main` returned ``rc``."""
 
+    rc: Optional[int] = None
 
-def _quick_exit() -> None:
-    rc = _EXIT[0]
-    if rc is None:
-        return
-    logging.shutdown()
-    if _flushed():
-        os._exit(rc)
+    def __call__(self) -> None:
+        if self.rc is None:
+            return
+        logging.shutdown()
+        if _flushed():
+            os._exit(self.rc)
 
 
 def _flushed() -> bool:
