@@ -356,3 +356,30 @@ def test_wrong_types_and_values_are_typed_errors(store: casstore.Store) -> None:
         with pytest.raises(InvalidInputError, match="max_bytes"):
             store.limit(cap)  # type: ignore[arg-type]
     assert len(object_hexes(store.root)) == 3 + 3 + 5  # nothing was collected by a refused call
+
+
+def test_gc_forgets_the_chunk_index_rows_of_the_objects_it_deletes(store: casstore.Store) -> None:
+    """The chunk index (state/chunks.sqlite: where pushes and pulls saw each chunk) is a hint, but
+    it would grow with every object ever moved: gc drops the rows of what it deletes, no others."""
+    from casstore.objects.chunking import ChunkIndex, Chunking
+
+    small = Chunking(min_object=1 << 20, avg_size=64 * 1024, min_size=16 * 1024, max_size=256 * 1024)
+    kept_data, gone_data = os.urandom(2 << 20), os.urandom(2 << 20)
+    with store.edit("kept") as m:
+        m["a"] = kept = store.put(kept_data)
+    with store.edit("gone") as m:
+        m["b"] = gone = store.put(gone_data)
+    index = ChunkIndex(store.root)
+    r_kept = small.recipe(kept, memoryview(kept_data))
+    r_gone = small.recipe(gone, memoryview(gone_data))
+    index.add(r_kept)
+    index.add(r_gone)
+    every = [c.digest for c in r_kept.chunks + r_gone.chunks]
+    assert len(index.find(every)) == len(set(every))
+    store.remove("gone")
+    result = store.plan_gc(keep_history=0, grace=0).execute()
+    assert gone in result.deleted and kept not in result.deleted
+    left = index.find(every)
+    assert set(left) == {c.digest for c in r_kept.chunks}
+    assert all(where[0] == kept for where in left.values())
+    assert index.forget([kept]) == len(r_kept.chunks) and index.find(every) == {}

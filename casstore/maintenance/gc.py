@@ -68,6 +68,7 @@ from ..codecs import Codec
 from ..digest import Digest
 from ..errors import IntegrityError, StoreFormatError
 from ..manifests.graph import Live, compute_live, entry_refs
+from ..objects.chunking import ChunkIndex
 from ..objects.local import ObjFile
 from .durations import Duration, Size, parse_duration, parse_size
 from .files import ObjectDirs
@@ -527,6 +528,7 @@ def _execute(plan: GCPlan, *, timeout: Optional[float], progress: Optional[bool]
                 fault("gc.deleted")
         # No sync at the end: a deletion a power loss undoes only leaves garbage behind.
         sweep_stale(tmp)  # files a killed gc left mid-move
+        ChunkIndex(store.root).forget(deleted)  # (hints naming deleted objects: see ChunkIndex.forget)
     return GCResult(tuple(deleted), freed, MappingProxyType(skipped), gone, time.monotonic() - t0)
 
 

@@ -228,6 +228,24 @@ class ChunkIndex:
                 con.executemany("INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?)",
                                 [(c.digest.raw, recipe.digest.raw, c.offset, c.length) for c in recipe.chunks])
 
+    def forget(self, objects: Iterable[Digest]) -> int:
+        """Drop the rows naming ``objects`` (gc deleted them); returns how many went.
+
+        A row naming a deleted object only costs a download (it is a hint), but without this
+        the index would grow with every object ever pushed or pulled.  One pass over the table
+        (sqlite joins it with the deleted set), under gc's lock; an index never created is left so.
+        """
+        gone = [(d.raw,) for d in objects]
+        if not gone or not self.path.is_file():
+            return 0
+        with self._db() as con:
+            if con is None:
+                return 0
+            con.execute("CREATE TEMP TABLE gone (object BLOB PRIMARY KEY) WITHOUT ROWID")
+            con.executemany("INSERT OR IGNORE INTO gone VALUES (?)", gone)
+            return int(con.execute("DELETE FROM chunks WHERE object IN (SELECT object FROM gone)").rowcount)
+        return 0  # an sqlite error (rolled back by _db): nothing went
+
     def find(self, chunks: Iterable[Digest]) -> Dict[Digest, Tuple[Digest, int, int]]:
         """Where each of ``chunks`` (those known) was seen: ``(object, offset, length)``."""
         out: Dict[Digest, Tuple[Digest, int, int]] = {}
