@@ -1143,19 +1143,18 @@ class LocalObjects(ObjectStore):
         fetched from an :attr:`upstream`.
         """
         for d in digests:
-            loc = self._find(d)
-            if loc is None:
-                continue
-            try:
-                fd = os.open(loc.path, _PREFETCH_FLAGS)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-            except OSError:  # not a regular file (ESPIPE), or a filesystem without it: a hint only
-                pass
-            finally:
-                os.close(fd)
+            for codec in CODECS:  # opened directly: a stat first would double the path lookups
+                try:
+                    fd = os.open(self._path_s(d, codec), _PREFETCH_FLAGS)
+                except OSError:
+                    continue
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                except OSError:  # not a regular file (ESPIPE), or a filesystem without it: a hint only
+                    pass
+                finally:
+                    os.close(fd)
+                break
 
     def read(self, digest: Digest, *, verify: bool = True) -> bytes:
         """The object's uncompressed bytes, re-hashed unless ``verify=False``.
