@@ -35,6 +35,7 @@ Hazards this is built around:
 from __future__ import annotations
 
 import contextlib
+import functools
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Protocol, Sequ
 
 import msgpack
 
+from .._fs import run_beside
 from .._shared import STATE
 from ..digest import Digest, hash_bytes, new_hasher
 from ..errors import IntegrityError, StoreFormatError
@@ -54,6 +56,8 @@ MAX_CHUNK = 64 * MiB
 """No chunk of a recipe may be larger (ours are at most :attr:`Chunking.max_size`)."""
 MAX_RECIPE_BYTES = 64 * MiB
 """A recipe larger than this is refused (a 1 TiB object in 1 MiB chunks needs about 40 MiB)."""
+RECIPE_WINDOW = 64 * MiB
+"""Bytes :meth:`Chunking.recipe_of` reads and cuts at a time (its memory while a push cuts an object)."""
 RECIPE_FORMAT = "casstore-recipe"
 RECIPE_VERSION = 1
 
@@ -150,47 +154,79 @@ class Chunking:
 
         :class:`IntegrityError` if they do not hash to ``digest`` (see :meth:`recipe_of`).
         """
-        return _recipe(digest, self._cdc().cut_buf(buf), len(buf))
+        return self.recipe_of(digest, _BufferReader(buf), len(buf))
 
     def recipe_of(self, digest: Digest, f: _ReadInto, size: int) -> Recipe:
         """Cut and hash the object ``digest`` of ``size`` bytes, read once in order from ``f``, into
-        a recipe, in bounded memory (the chunker's window: a few times :attr:`max_size`).
+        a recipe, in bounded memory (one window of :data:`RECIPE_WINDOW` bytes).
 
-        The chunk boundaries are those :meth:`cut` finds in the same bytes.  Each chunk's bytes,
-        as read, are hashed as the chunk and fed to the object's hash, so the recipe's chunks
-        join into bytes that hash to ``digest``: :class:`IntegrityError` otherwise, or when
-        ``f`` ends before or after ``size`` bytes.  Hazard: hashing a map of the file whole and
-        then cutting it read each byte twice, and a file rewritten in between gave a recipe
-        (create-only on a remote, for good) whose chunks join into other bytes; a map of a file
-        truncated meanwhile kills the process with SIGBUS, where a read just ends early.
+        The chunk boundaries are those :meth:`cut` finds in the same bytes: each window is cut
+        whole, and its last chunk, which the window's end may have cut, is carried to the front
+        of the next (a FastCDC boundary depends only on the bytes from its chunk's start).  The
+        chunks' bytes, as read, are hashed as chunks here while a helper feeds the same window
+        to the object's hash, so the recipe's chunks join into bytes that hash to ``digest``:
+        :class:`IntegrityError` otherwise, or when ``f`` ends before or after ``size`` bytes.
+        Hazard: hashing a map of the file whole and then cutting it read each byte twice, and a
+        file rewritten in between gave a recipe (create-only on a remote, for good) whose chunks
+        join into other bytes; a map of a file truncated meanwhile kills the process (SIGBUS),
+        where a read just ends early.
         """
-        return _recipe(digest, self._cdc().cut_stream(f), size)
+        cdc = self._cdc()
+        buf = bytearray(max(RECIPE_WINDOW, 4 * self.max_size))
+        mv = memoryview(buf)
+        whole = new_hasher()
+        chunks: List[ChunkRef] = []
+        base = have = 0  # file offset of buf[0]; bytes of buf filled
+        eof = False
+        while True:
+            while have < len(buf) and not eof:
+                n = f.readinto(mv[have:])
+                if not n:
+                    eof = True
+                have += n or 0
+            if not have:
+                break
+            cuts = [(int(c.offset), int(c.length)) for c in cdc.cut_buf(mv[:have])]
+            if not eof:
+                cuts.pop()  # (a full window holds >= 4 chunks: max_size cuts at the latest)
+            done = cuts[-1][0] + cuts[-1][1]
+            # The object's hash of this window's final chunks on the other core, the chunks' here.
+            job = run_beside(functools.partial(whole.update, mv[:done]), "casstore-recipe")
+            try:
+                chunks.extend(ChunkRef(hash_bytes(mv[off:off + n], threaded=False), base + off, n)
+                              for off, n in cuts)
+            finally:
+                job.join()
+            buf[:have - done] = buf[done:have]  # the carried chunk to the front (a copy: overlap-safe)
+            base, have = base + done, have - done
+            if eof and not have:
+                break
+        got = Digest(whole.hexdigest())
+        if got != digest or base != size:
+            raise IntegrityError(f"object {digest} is corrupt: its {base} bytes (of {size}) hash to {got}")
+        return Recipe(digest, size, tuple(chunks))
 
 
 class _ReadInto(Protocol):
     def readinto(self, b: memoryview, /) -> int: ...
 
 
-class _Piece(Protocol):
-    offset: int
-    length: int
-    data: memoryview
+class _BufferReader:
+    """``readinto`` over an in-memory buffer (for :meth:`Chunking.recipe`)."""
+
+    __slots__ = ("_mv", "_pos")
+
+    def __init__(self, buf: memoryview) -> None:
+        self._mv = memoryview(buf).cast("B")
+        self._pos = 0
+
+    def readinto(self, b: memoryview, /) -> int:
+        n = min(len(b), len(self._mv) - self._pos)
+        b[:n] = self._mv[self._pos:self._pos + n]
+        self._pos += n
+        return n
 
 
-def _recipe(digest: Digest, pieces: Iterable[_Piece], size: int) -> Recipe:
-    """The recipe of the chunks ``pieces`` (valid until the next is taken), checked against ``digest``."""
-    whole = new_hasher()
-    chunks: List[ChunkRef] = []
-    end = 0
-    for c in pieces:
-        off, n = int(c.offset), int(c.length)
-        chunks.append(ChunkRef(hash_bytes(c.data, threaded=False), off, n))
-        whole.update(c.data)
-        end = off + n
-    got = Digest(whole.hexdigest())
-    if got != digest or end != size:
-        raise IntegrityError(f"object {digest} is corrupt: its {end} bytes (of {size}) hash to {got}")
-    return Recipe(digest, size, tuple(chunks))
 
 
 DEFAULT_CHUNKING = Chunking()
