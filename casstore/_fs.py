@@ -42,6 +42,7 @@ __all__ = [
     "process_token",
     "syncfs",
     "pwrite_all",
+    "pread_upto",
     "copy_range",
     "makedirs",
     "copy_exact",
@@ -179,6 +180,22 @@ def syncfs(path: os.PathLike[str] | str) -> None:
             raise OSError(err, os.strerror(err), str(path))
     finally:
         os.close(fd)
+
+
+def pread_upto(fd: int, n: int, off: int) -> bytes:
+    """``n`` bytes of ``fd`` from ``off``, looping over short reads (fewer only where the file ends)."""
+    b = os.pread(fd, n, off)
+    if len(b) == n or not b:
+        return b
+    parts = [b]
+    got = len(b)
+    while got < n:
+        more = os.pread(fd, n - got, off + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
 
 
 def pwrite_all(fd: int, buf: bytes | bytearray | memoryview, off: int) -> None:

@@ -62,7 +62,7 @@ import blake3
 from xxhash import xxh3_64_intdigest as _xxh3
 
 from ._faults import fault
-from ._fs import disk_full, process_token, start_writeback
+from ._fs import disk_full, pread_upto, process_token, start_writeback
 from ._fs import pwrite_all as _pwrite_all
 from ._fsprobe import LOCK_UNSUPPORTED, ofd_lock, ofd_unlock
 from ._lock import DEFAULT_TIMEOUT, FileLock, degrade, strategy_for
@@ -249,21 +249,6 @@ def _sum_ok(buf: Any, s: int, lo: int) -> bool:
         return _b3_64(buf, len(buf)) == s
     return _crc32(buf) == s
 
-
-
-def _pread_all(fd: int, n: int, off: int) -> bytes:
-    b = os.pread(fd, n, off)
-    if len(b) == n or not b:
-        return b
-    parts = [b]
-    got = len(b)
-    while got < n:
-        more = os.pread(fd, n - got, off + got)
-        if not more:
-            break
-        parts.append(more)
-        got += len(more)
-    return b"".join(parts)
 
 
 class _Res:
@@ -899,7 +884,7 @@ class IndexCache:
                 return self.get(k)
             raise
         n = end - off
-        b = _pread_all(fd, n, off)
+        b = pread_upto(fd, n, off)
         if len(b) != n or not _sum_ok(b, s, lo):
             assert self._dir is not None
             raise IntegrityError(

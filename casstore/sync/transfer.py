@@ -25,7 +25,6 @@ Hazards:
 
 from __future__ import annotations
 
-import functools
 import io
 import os
 import threading
@@ -34,7 +33,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_c
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
-from .._fs import Beside, Staging, pwrite_all, run_beside
+from .._fs import Beside, Staging, pread_upto, pwrite_all, run_beside
 from ..codecs import RAW
 from ..digest import Digest, hash_bytes, hash_fd, new_hasher
 from ..errors import CasstoreError, IntegrityError, ObjectNotFoundError
@@ -166,7 +165,7 @@ def _upload_chunked(src: LocalObjects, dst: S3Objects, d: Digest) -> int:
         with open(fd, "rb", buffering=0, closefd=False) as f:
             recipe = dst.chunking.recipe_of(d, f, st.st_size)
         with ThreadPoolExecutor(min(8, dst.connection.workers), thread_name_prefix="casstore-chunks") as ex:
-            sent = dst.upload_chunked(recipe, functools.partial(_pread, fd), executor=ex)
+            sent = dst.upload_chunked(recipe, lambda off, n: pread_upto(fd, n, off), executor=ex)
     except IntegrityError:
         raise _corrupt_local(src, d) from None
     finally:
@@ -176,19 +175,6 @@ def _upload_chunked(src: LocalObjects, dst: S3Objects, d: Digest) -> int:
             os.close(fd)
     ChunkIndex(src.root).add(recipe)  # this store holds these chunks: a later pull of a relative reuses them
     return sent
-
-
-def _pread(fd: int, off: int, n: int) -> bytes:
-    """``n`` bytes of ``fd`` at ``off`` (fewer only where the file ends)."""
-    parts: List[bytes] = []
-    got = 0
-    while got < n:
-        b = os.pread(fd, n - got, off + got)
-        if not b:
-            break
-        parts.append(b)
-        got += len(b)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 # -- pull: remote -> local ----------------------------------------------------------------------
