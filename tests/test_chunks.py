@@ -210,6 +210,26 @@ def test_a_recipe_read_from_a_stream_is_the_recipe_of_the_buffer(tmp_path: Path,
                     chunking.recipe_of(d, f, n)
 
 
+@pytest.mark.parametrize("chunking", [SMALL, DEFAULT_CHUNKING], ids=["small", "default"])
+def test_a_recipe_of_a_file_that_keeps_growing_is_refused_not_read_forever(chunking: Chunking) -> None:
+    """A local object appended to without end while a push cuts it: ``recipe_of`` reads at most
+    one byte past the object's size and refuses it (it used to read until the writer stopped)."""
+
+    class Endless:
+        read = 0
+
+        def readinto(self, b: memoryview, /) -> int:
+            b[:] = bytes(len(b))
+            self.read += len(b)
+            return len(b)
+
+    data = bytes(3 * chunking.max_size)
+    f = Endless()
+    with pytest.raises(IntegrityError, match="corrupt"):
+        chunking.recipe_of(casstore.Digest.of(data), f, len(data))
+    assert f.read == len(data) + 1
+
+
 _TRUNCATE_DURING_PUSH = """
 import os, sys
 sys.path.insert(0, sys.argv[4])

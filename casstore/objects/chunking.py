@@ -172,7 +172,7 @@ class Chunking:
         where a read just ends early.
         """
         cdc = self._cdc()
-        buf = bytearray(max(RECIPE_WINDOW, 4 * self.max_size))
+        buf = bytearray(min(max(RECIPE_WINDOW, 4 * self.max_size), size + 1))  # (size + 1: one window, eof)
         mv = memoryview(buf)
         whole = new_hasher()
         chunks: List[ChunkRef] = []
@@ -180,10 +180,12 @@ class Chunking:
         eof = False
         while True:
             while have < len(buf) and not eof:
-                n = f.readinto(mv[have:])
-                if not n:
-                    eof = True
-                have += n or 0
+                # At most one byte past ``size`` in all: a file that keeps growing is refused (base ends
+                # past size), not read forever.
+                limit = size + 1 - base
+                n = f.readinto(mv[have:min(len(buf), limit)]) or 0
+                have += n
+                eof = not n or have >= limit
             if not have:
                 break
             cuts = [(int(c.offset), int(c.length)) for c in cdc.cut_buf(mv[:have])]
@@ -225,8 +227,6 @@ class _BufferReader:
         b[:n] = self._mv[self._pos:self._pos + n]
         self._pos += n
         return n
-
-
 
 
 DEFAULT_CHUNKING = Chunking()
