@@ -250,7 +250,6 @@ def _sum_ok(buf: Any, s: int, lo: int) -> bool:
     return _crc32(buf) == s
 
 
-
 class _Res:
     """Every descriptor and helper a cache holds, apart from the cache object itself.
 
