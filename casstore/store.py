@@ -38,7 +38,7 @@ from .config import StoreConfig
 from .digest import Digest
 from .errors import InvalidInputError, InvalidTypeError, ReadOnlyError, StoreFormatError
 from .folders import AddResult, FolderStatus, add_folder, folder_status
-from .manifests import Diff, EditTransaction, Manifest, NameInfo, list_names, read_manifest
+from .manifests import CheckedOut, Diff, EditTransaction, Manifest, NameInfo, list_names, read_manifest
 from .manifests import checkout as checkout_version
 from .manifests import diff as diff_versions
 from .manifests import freeze as freeze_head
@@ -431,8 +431,9 @@ class Store:
 
     def checkout(self, target: DigestLike, outdir: PathLike, *, overwrite: bool = False, sync: bool = False,
                  link: str = "copy", force: bool = False, progress: Optional[bool] = None,
-                 rehash: bool = False) -> List[Path]:
-        """Write a manifest's files under ``outdir`` (verified; reflinked where possible); return those written.
+                 rehash: bool = False) -> CheckedOut:
+        """Write a manifest's files under ``outdir`` (verified; reflinked where possible); return those written
+        (a list of paths; its ``removed`` and ``kept`` say which files ``sync`` removed or left).
 
         ``link``: ``"copy"`` | ``"reflink"`` | ``"hardlink"`` | ``"symlink"``.  ``sync=True`` also removes
         the files the previous checkout of this name into ``outdir`` wrote that this version lacks (never

@@ -4,6 +4,7 @@ a failure midway leaves no temp file and says how much was done."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -51,6 +52,7 @@ def test_sync_removes_only_what_the_previous_checkout_wrote_and_the_new_version_
     _version(s, "exp", V2)
     written = s.checkout("exp", out, sync=True)
     assert sorted(p.relative_to(out).as_posix() for p in written) == ["a.txt", "new.txt"]
+    assert sorted(written.removed) == ["sub/b.txt", "sub/deep/c.txt"] and written.kept == ()  # what sync did
     assert _tree(out) == {**V2, "mine.txt": b"user file", "sub/user.txt": b"user in a dir casstore made"}
     assert not (out / "sub" / "deep").exists()             # an empty directory casstore made goes
     assert (out / "sub").is_dir()                          # one holding a user's file stays
@@ -76,8 +78,9 @@ def test_a_modified_recorded_file_stays_unless_force(s: casstore.Store, tmp_path
     (out / "sub" / "b.txt").write_bytes(b"edited by the user")
     _version(s, "exp", V2)
     with caplog.at_level(logging.WARNING):
-        s.checkout("exp", out, sync=True)
+        done = s.checkout("exp", out, sync=True)
     assert (out / "sub" / "b.txt").read_bytes() == b"edited by the user"
+    assert done.removed == ("sub/deep/c.txt",) and done.kept == ("sub/b.txt",)
     assert "changed since casstore wrote them" in caplog.text and "sub/b.txt" in caplog.text
     # The file is the user's now: a later forced sync no longer owns it either.
     s.checkout("exp", out, sync=True, force=True)
@@ -274,5 +277,13 @@ def test_cli_checkout_sync_and_link(s: casstore.Store, tmp_path: Path) -> None:
     r = subprocess.run([*cli, "--sync", "--link", "symlink"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert (out / "new.txt").is_symlink() and not (out / "sub").exists()
+    # The user is told what sync removed, not only what it wrote (a.txt and new.txt).
+    assert "checked out 2 file(s)" in r.stdout and "sync removed 2 file(s)" in r.stdout, r.stdout
+    _version(s, "exp", V1)
+    r = subprocess.run([*cli, "--sync", "--json"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert sorted(doc["removed"]) == ["new.txt"] and doc["kept"] == []
+    assert len(doc["written"]) == 3  # keep.txt was in place
     r = subprocess.run([*cli, "--force"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "--sync" in r.stderr

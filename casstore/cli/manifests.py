@@ -294,9 +294,15 @@ def cmd_checkout(args: argparse.Namespace) -> int:
     written = store.checkout(args.target, args.dir, overwrite=args.overwrite, sync=args.sync, link=args.link,
                              force=args.force, progress=None if not args.json else False)
     if args.json:
-        print(json.dumps({"target": args.target, "dir": args.dir, "written": [str(p) for p in written]}, indent=2))
+        print(json.dumps({"target": args.target, "dir": args.dir, "written": [str(p) for p in written],
+                          "removed": list(written.removed), "kept": list(written.kept)}, indent=2))
         return 0
-    print(f"checked out {len(written)} file(s) into {args.dir}")
+    line = f"checked out {len(written)} file(s) into {args.dir}"
+    if args.sync:
+        line += f"; sync removed {len(written.removed)} file(s) an earlier checkout wrote"
+        if written.kept:
+            line += f" and kept {len(written.kept)} changed since (--force removes them)"
+    print(line)
     return 0
 
 

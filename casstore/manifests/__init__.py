@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from .checkout import checkout
+from .checkout import CheckedOut, checkout
 from .model import (
     MANIFEST_FORMAT,
     Entry,
@@ -80,5 +80,6 @@ __all__ = [
     "pin",
     "unpin",
     "diff",
+    "CheckedOut",
     "checkout",
 ]

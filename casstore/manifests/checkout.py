@@ -49,7 +49,7 @@ import shutil
 import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
+from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import msgpack
 
@@ -75,7 +75,7 @@ from .ops import Manifest, Target, read_manifest, resolve_target
 if TYPE_CHECKING:
     from ..store import Store
 
-__all__ = ["LINK_MODES", "RECORD_DIR", "checkout"]
+__all__ = ["LINK_MODES", "RECORD_DIR", "CheckedOut", "checkout"]
 
 log = logging.getLogger(__name__)
 
@@ -414,10 +414,28 @@ def _open_parent(root_fd: int, parts: Sequence[str]) -> Optional[int]:
     return fd
 
 
+class CheckedOut(List[Path]):
+    """What a checkout did: the paths it wrote (it is that list), and what ``sync`` removed.
+
+    ``removed``: keys of files an earlier checkout of the name wrote into the folder that
+    ``sync`` deleted (the new version lacks them); ``kept``: such files ``sync`` left because they
+    changed since casstore wrote them (``force=True`` removes those too).  Both are empty
+    without ``sync``.
+    """
+
+    __slots__ = ("removed", "kept")
+
+    def __init__(self, written: Iterable[Path] = (), removed: Iterable[str] = (), kept: Iterable[str] = ()) -> None:
+        super().__init__(written)
+        self.removed: Tuple[str, ...] = tuple(removed)
+        self.kept: Tuple[str, ...] = tuple(kept)
+
+
 def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]], *,
              overwrite: bool = False, sync: bool = False, link: str = "copy", force: bool = False,
-             progress: Optional[bool] = None, rehash: bool = False) -> List[Path]:
-    """Materialize a manifest's files under ``outdir``; return the paths written.
+             progress: Optional[bool] = None, rehash: bool = False) -> CheckedOut:
+    """Materialize a manifest's files under ``outdir``; return the paths written (:class:`CheckedOut`:
+    also the keys ``sync`` removed, and those it kept).
 
     Files already holding the right bytes are left alone (and not returned).
     Each file is written to a temporary name beside its key, verified
@@ -481,7 +499,7 @@ def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]],
 
 
 def _checkout(store: Store, ents: Dict[str, Entry], out: Path, rec: _Record, *, overwrite: bool, sync: bool, link: str,
-              force: bool, progress: Optional[bool], rehash: bool) -> List[Path]:
+              force: bool, progress: Optional[bool], rehash: bool) -> CheckedOut:
     todo: List[Tuple[str, Entry, bool]] = []  # (key, entry, expected to exist: a replacement)
     kept: Dict[str, Tuple[Digest, StatKey]] = {}  # recorded files already in place (left alone)
     root_fd = _open_target(out, create=False)
@@ -516,6 +534,8 @@ def _checkout(store: Store, ents: Dict[str, Entry], out: Path, rec: _Record, *, 
     written: List[Path] = []
     new_files: Dict[str, Tuple[Digest, StatKey]] = {}
     created: List[str] = []
+    removed: List[str] = []
+    left: List[str] = []
     ok = False
     try:
         if todo:
@@ -525,14 +545,14 @@ def _checkout(store: Store, ents: Dict[str, Entry], out: Path, rec: _Record, *, 
     finally:
         # Record what was written even after a failure midway: those files are casstore's to sync later.
         # Removal runs only after every new file is in place, so a failed sync removes nothing.
-        removed = _remove_stale(out, ents, rec, force=force) if sync and ok else set()
+        gone = _remove_stale(out, ents, rec, removed, left, force=force) if sync and ok else set()
         files = {} if sync and ok else {k: v for k, v in rec.files.items() if k not in ents}
         files.update(kept)
         files.update(new_files)
         rec.files = files
-        rec.dirs = (rec.dirs | set(created)) - removed
+        rec.dirs = (rec.dirs | set(created)) - gone
         rec.save()
-    return written
+    return CheckedOut(written, removed, left)
 
 
 def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]], written: List[Path],
@@ -612,9 +632,11 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
         os.close(root_fd)
 
 
-def _remove_stale(out: Path, ents: Dict[str, Entry], rec: _Record, *, force: bool) -> Set[str]:
+def _remove_stale(out: Path, ents: Dict[str, Entry], rec: _Record, removed: List[str], left: List[str], *,
+                  force: bool) -> Set[str]:
     """Remove recorded files the new version lacks (unmodified, or any file/link with ``force``); then
-    recorded directories left empty.  Returns the directories removed."""
+    recorded directories left empty.  Returns the directories removed; the keys of the files removed
+    and of those left (changed since) are appended to ``removed`` and ``left``."""
     stale = sorted(k for k in rec.files if k not in ents)
     gone_dirs: Set[str] = set()
     if not stale and not rec.dirs:
@@ -623,7 +645,6 @@ def _remove_stale(out: Path, ents: Dict[str, Entry], rec: _Record, *, force: boo
         root_fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return gone_dirs
-    left: List[str] = []
     try:
         for key in stale:
             parts = key.split("/")
@@ -638,6 +659,7 @@ def _remove_stale(out: Path, ents: Dict[str, Entry], rec: _Record, *, force: boo
                 ours = _stat_key(st) == rec.files[key][1]
                 if ours or (force and (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode))):
                     os.unlink(parts[-1], dir_fd=pfd)  # the entry itself: a link is removed, never followed
+                    removed.append(key)
                 else:
                     left.append(key)
             finally:
