@@ -534,8 +534,7 @@ def _checkout(store: Store, ents: Dict[str, Entry], out: Path, rec: _Record, *, 
     written: List[Path] = []
     new_files: Dict[str, Tuple[Digest, StatKey]] = {}
     created: List[str] = []
-    removed: List[str] = []
-    left: List[str] = []
+    removed: Tuple[Set[str], List[str], List[str]] = (set(), [], [])  # (directories, files, files kept)
     ok = False
     try:
         if todo:
@@ -545,14 +544,15 @@ def _checkout(store: Store, ents: Dict[str, Entry], out: Path, rec: _Record, *, 
     finally:
         # Record what was written even after a failure midway: those files are casstore's to sync later.
         # Removal runs only after every new file is in place, so a failed sync removes nothing.
-        gone = _remove_stale(out, ents, rec, removed, left, force=force) if sync and ok else set()
+        if sync and ok:
+            removed = _remove_stale(out, ents, rec, force=force)
         files = {} if sync and ok else {k: v for k, v in rec.files.items() if k not in ents}
         files.update(kept)
         files.update(new_files)
         rec.files = files
-        rec.dirs = (rec.dirs | set(created)) - gone
+        rec.dirs = (rec.dirs | set(created)) - removed[0]
         rec.save()
-    return CheckedOut(written, removed, left)
+    return CheckedOut(written, removed[1], removed[2])
 
 
 def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]], written: List[Path],
@@ -632,19 +632,21 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
         os.close(root_fd)
 
 
-def _remove_stale(out: Path, ents: Dict[str, Entry], rec: _Record, removed: List[str], left: List[str], *,
-                  force: bool) -> Set[str]:
+def _remove_stale(out: Path, ents: Dict[str, Entry], rec: _Record, *,
+                  force: bool) -> Tuple[Set[str], List[str], List[str]]:
     """Remove recorded files the new version lacks (unmodified, or any file/link with ``force``); then
-    recorded directories left empty.  Returns the directories removed; the keys of the files removed
-    and of those left (changed since) are appended to ``removed`` and ``left``."""
+    recorded directories left empty.  Returns the directories removed, the keys of the files removed
+    and those of the files left (changed since casstore wrote them)."""
     stale = sorted(k for k in rec.files if k not in ents)
     gone_dirs: Set[str] = set()
+    removed: List[str] = []
+    left: List[str] = []
     if not stale and not rec.dirs:
-        return gone_dirs
+        return gone_dirs, removed, left
     try:
         root_fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
-        return gone_dirs
+        return gone_dirs, removed, left
     try:
         for key in stale:
             parts = key.split("/")
@@ -684,7 +686,7 @@ def _remove_stale(out: Path, ents: Dict[str, Entry], rec: _Record, removed: List
     if left:
         log.warning("sync kept %d file(s) in %s that changed since casstore wrote them (pass force=True / "
                     "--force to remove them): %s", len(left), out, ", ".join(left[:10]))
-    return gone_dirs
+    return gone_dirs, removed, left
 
 
 def _open_target(out: Path, *, create: bool) -> Optional[int]:

@@ -882,8 +882,10 @@ Node = Union[Dict[str, Raw], Tuple[List[str], List[Ref]]]
 # Decoded nodes, per source (per ObjectStore instance): a digest names one content forever, but a
 # node cached from one store must not stand in for a node another store lacks (pin and pull check
 # that every node is present by reading it).
-_Cached = Tuple[int, Node, Tuple[str, str, int, int]]
-"""A decoded node as cached: (level, node, (first key, last key, entry count, byte total))."""
+_Stats = Tuple[str, str, int, int]
+"""What a parent records of a node: (first key, last key, entry count, byte total)."""
+_Cached = Tuple[int, Node, _Stats]
+"""A decoded node as cached: (level, node, its stats)."""
 _CACHES: weakref.WeakKeyDictionary[NodeSource, Dict[bytes, _Cached]] = weakref.WeakKeyDictionary()
 
 
@@ -1067,7 +1069,7 @@ def _decode_node(data: bytes, d: bytes, level: int, what: str) -> Node:
     return keys, refs
 
 
-def _stats(node: Node) -> Tuple[str, str, int, int]:
+def _stats(node: Node) -> _Stats:
     """What a parent records of ``node``: its first and last key, entry count and byte total.
 
     Computed once per decode and cached with the node: a commit checks each cached node against its
@@ -1130,7 +1132,7 @@ class _Reader:
         if len(want) > 1:  # one node gains nothing from the hint
             self.source.prefetch(want)
 
-    def _check(self, stats: Tuple[str, str, int, int], ref: Ref, lo: Optional[str], root: bool) -> None:
+    def _check(self, stats: _Stats, ref: Ref, lo: Optional[str], root: bool) -> None:
         first, last, count, total = stats
         d = ref[1]
         if lo is not None and first <= lo:
