@@ -36,6 +36,7 @@ from __future__ import annotations
 import importlib
 import io
 import os
+import threading
 import tokenize
 from dataclasses import dataclass
 from typing import (
@@ -56,9 +57,9 @@ from typing import (
 import numpy as np
 import numpy.typing as npt
 
-from .._fs import read_up_to
+from .._fs import Beside, read_up_to, run_beside
 from ..codecs import CompressArg
-from ..digest import Digest, HashBeside, hash_fd, new_hasher
+from ..digest import Digest, hash_fd, new_hasher
 from ..errors import IntegrityError, InvalidInputError, InvalidTypeError, StoreFormatError
 from ..manifests import read_manifest
 from ..manifests.model import Entry, encode_manifest, validate_key
@@ -81,19 +82,11 @@ _MAX_HEADER = 60_000
 # get_array parses the header from this many leading bytes (one pread): the
 # 12-byte preamble of format 2.0/3.0 plus the largest header we accept.
 _PREFIX = 1 << 16
-# get_array(verify=True) pipelines reading and hashing from this object size up.
+# get_array(verify=True) hashes the object file beside the read from this size up.
 # Below it, reading the whole array and then hashing it on the same thread is
 # faster (a 1 MiB array stays in this core's cache: 0.63x of np.load against 0.50x
-# pipelined); from 2 MiB the pipeline wins (2 MiB: 0.65x against 0.57x; 6 MiB: 0.68x
-# against 0.47x; 2026-12-03).
+# with a helper); from 2 MiB the helper wins (2026-12-03).
 _PIPE_MIN = 2 << 20
-# The pipeline's blocks: about _PIPE_BLOCKS of them, each between the bounds.  The helper
-# trails the reader by one block, so the unoverlapped tail is one block's hash; each block
-# costs a hand-off (~20 us here).  Measured for 4 MiB arrays (get_array, of the limit): 4
-# blocks 0.66x, 8 0.70x, 16 0.74x; blocks of 128 KiB 0.63x, 64 KiB 0.61x (hand-offs).
-_PIPE_BLOCKS = 16
-_BLOCK_MIN = 256 << 10
-_BLOCK_MAX = 4 << 20
 # numpy refuses more dimensions than this (64 in numpy 2, 32 in numpy 1).
 _MAX_DIMS = 64
 # Everything numpy's header parser (ast.literal_eval on untrusted text, then
@@ -345,16 +338,27 @@ def _map(store: Store, path: str, d: Digest, verify: bool) -> np.memmap[Any, Any
 
 
 def _read_raw(path: str, d: Digest, verify: bool) -> npt.NDArray[Any]:
-    """A raw object: header from one pread, data straight into the array in blocks.
+    """A raw object: header from one pread, data straight into the array.
 
-    Verified reads of arrays of :data:`_PIPE_MIN` bytes and up hash each block
-    of the array's own memory on a helper thread while this thread reads the
-    next one (:class:`~casstore.digest.HashBeside`): the digest covers exactly
-    the bytes handed out, and the array is returned only after it matched.
+    Verified reads of :data:`_PIPE_MIN` bytes and up hash the object *file* on a
+    helper (blake3's pool over a map of its pages) while this thread copies the
+    same pages into the array; the array is returned only after the hash
+    matched.  The copy and the hash read the same page cache, so damage at rest
+    is seen by both; they could differ only if the file were written in place
+    during the read, and that moves its ctime (it takes a chmod and a write; a
+    hard link made or removed moves it too).  So if the file's metadata moved
+    meanwhile, the bytes handed out are hashed themselves instead (:func:`_unmoved`).
     """
     fd, st = open_object_file(path, d)
+    stop = threading.Event()
+    beside: Optional[Beside[Digest]] = None
     try:
         size = st.st_size
+        if verify and size >= _PIPE_MIN:
+            # Started first: the hash (about 1.3-1.5x the read on one core) is the longer leg.
+            # Hazard (docs/security.md): a file truncated under the helper's map raises SIGBUS;
+            # hash_fd checks the size before mapping, and object files are read-only.
+            beside = run_beside(lambda: hash_fd(fd, size, stop=stop), "casstore-verify")
         first = os.pread(fd, _PREFIX, 0)
         intact = _hashes_to(fd, size, d)
         h = _parse_header(first, size, d, intact)
@@ -362,34 +366,22 @@ def _read_raw(path: str, d: Digest, verify: bool) -> npt.NDArray[Any]:
         view = _data_view(out)
         n = min(len(view), len(first) - h.offset)
         view[:n] = first[h.offset:h.offset + n]
-        if verify and size >= _PIPE_MIN:
-            # One core's hash costs about what the read costs (1.3-1.6x here; 3x on a slower
-            # day), so a helper hashes each block on the other core while this thread reads
-            # the next: the cost is the larger of the two, not their sum.  The helper hashes on
-            # one thread: blake3's pool wakes its threads on every update, and pooled updates
-            # of 1-8 MiB ran 0.51x of np.load for 16 MiB arrays, against 0.70x for this (64
-            # MiB: 0.91x against 0.92x); 4 MiB arrays went from 0.56x to 0.74x of the limit.
-            with HashBeside(threaded=False) as hasher:
-                hasher.feed(memoryview(first)[:h.offset + n])
-                block = _block_for(len(view) - n)
-                pos = n
-                while pos < len(view):
-                    end = min(pos + block, len(view))
-                    _pread_exact(fd, view[pos:end], h.offset + pos, d)
-                    hasher.feed(view[pos:end])
-                    pos = end
-                extra = os.pread(fd, 1, size)
-                got: Optional[Digest] = hasher.digest()
-        else:
-            _pread_exact(fd, view[n:], h.offset + n, d)
-            extra = os.pread(fd, 1, size)
-            got = None
-            if verify:  # small: hash what was read (header + the array's memory)
-                hh = new_hasher()
-                hh.update(memoryview(first)[:h.offset])
-                hh.update(view)
-                got = Digest(hh.hexdigest())
+        _pread_exact(fd, view[n:], h.offset + n, d)
+        extra = os.pread(fd, 1, size)
+        got: Optional[Digest] = None
+        if beside is not None:
+            got = beside.join()
+            if not _unmoved(fd, st):
+                got = None  # hash what was handed out, below
+        if verify and got is None:  # small (or moved): hash what was read, the header and the array's memory
+            hh = new_hasher(threaded=len(view) >= _PIPE_MIN)
+            hh.update(memoryview(first)[:h.offset])
+            hh.update(view)
+            got = Digest(hh.hexdigest())
     finally:
+        if beside is not None:  # never leave the helper reading a closed (or reused) descriptor
+            stop.set()
+            beside.wait()
         os.close(fd)
     if extra:
         raise IntegrityError(f"object {d} grew while being read; file {path}")
@@ -401,10 +393,18 @@ def _read_raw(path: str, d: Digest, verify: bool) -> npt.NDArray[Any]:
     return out
 
 
-def _block_for(nbytes: int) -> int:
-    """Pipeline block size for ``nbytes`` to read: small enough that the unoverlapped first read
-    and last hash are short, large enough that the per-block hand-off (~20 us here) stays small."""
-    return max(_BLOCK_MIN, min(_BLOCK_MAX, -(-nbytes // _PIPE_BLOCKS)))
+def _unmoved(fd: int, before: os.stat_result) -> bool:
+    """True if the open file's size, mtime and ctime are still those of ``before``.
+
+    A write in place moves mtime and ctime (and the chmod it needs moves ctime);
+    since Linux 6.13 a ctime that was just read is bumped at a finer grain on the
+    next change, so a write right after the open shows too.  Hazard, on older
+    kernels: a write within the same timestamp tick as the open would not
+    (docs/security.md).
+    """
+    now = os.fstat(fd)
+    return (now.st_size, now.st_mtime_ns, now.st_ctime_ns) == (before.st_size, before.st_mtime_ns,
+                                                               before.st_ctime_ns)
 
 
 def _pread_exact(fd: int, view: memoryview, off: int, d: Digest) -> None:
