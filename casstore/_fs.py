@@ -198,6 +198,30 @@ def pread_upto(fd: int, n: int, off: int) -> bytes:
     return b"".join(parts)
 
 
+_scratch = threading.local()
+
+
+def read_whole_reused(fd: int, size: int) -> Optional[memoryview]:
+    """The ``size`` bytes of a file (from offset 0) in this thread's reused buffer; None if it holds another size.
+
+    For the many small files of a folder: a fresh buffer per file is new memory, and every new page
+    costs a fault and zeroing (more where the host took idle memory back), so a pool thread reads
+    each file into one buffer it keeps.  One byte past ``size`` is asked for, so a file that grew
+    is seen.  The view is valid only until this thread's next call: hash and write it, never keep it.
+    """
+    buf: Optional[bytearray] = getattr(_scratch, "buf", None)
+    if buf is None or len(buf) < size + 1:
+        buf = _scratch.buf = bytearray(max(size + 1, 64 << 10))
+    mv = memoryview(buf)[:size + 1]
+    got = os.preadv(fd, [mv], 0)
+    while 0 < got < size:
+        more = os.preadv(fd, [mv[got:]], got)
+        if not more:
+            break
+        got += more
+    return mv[:size] if got == size else None
+
+
 def pwrite_all(fd: int, buf: bytes | bytearray | memoryview, off: int) -> None:
     """``pwrite`` all of ``buf`` at ``off``, looping over short writes."""
     mv = memoryview(buf).cast("B")

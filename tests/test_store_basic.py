@@ -511,3 +511,41 @@ def test_write_many_checks_every_digest_and_counts_what_it_created(store: cassto
     with pytest.raises(casstore.IntegrityError):
         store.objects.write_many([(casstore.Digest.of(c), c), (da, b"not alpha")])
     assert casstore.Digest.of(c) not in store  # refused before anything of the batch was published
+
+
+# -- stage_fd: the folder add's per-file staging (one reused read buffer per thread) -------------
+
+
+def test_stage_fd_stores_each_file_exactly_though_one_buffer_is_reused(tmp_path: Path) -> None:
+    # Files under 1 MiB are read into a buffer the thread keeps (no fresh pages per file): a short
+    # file read after a long one must not carry the long one's tail, nor an empty one anything.
+    s = casstore.open(tmp_path / "s", compress=False)
+    sizes = [900 << 10, 10, 0, 500 << 10, (1 << 20) - 1, 1]
+    for i, n in enumerate(sizes):
+        data = random.Random(i).randbytes(n)
+        src = tmp_path / f"f{i}"
+        src.write_bytes(data)
+        fd = os.open(src, os.O_RDONLY)
+        try:
+            staged = s.objects.stage_fd(fd, n)
+        finally:
+            os.close(fd)
+        assert staged.digest == Digest.of(data), n
+        s.objects.publish_batch([staged])
+        assert s.get(staged.digest) == data
+
+
+@pytest.mark.parametrize("told", [999, 1001])
+def test_stage_fd_of_a_file_not_the_size_it_was_told_is_refused(tmp_path: Path, told: int) -> None:
+    # 999: the file has a byte more (it grew); 1001: a byte less (it shrank).  Either way it changed
+    # since its stat, and the caller reads it again; nothing is staged.
+    s = casstore.open(tmp_path / "s", compress=False)
+    src = tmp_path / "f"
+    src.write_bytes(b"x" * 1000)
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        with pytest.raises(casstore.IntegrityError, match="changed size"):
+            s.objects.stage_fd(fd, told)
+    finally:
+        os.close(fd)
+    assert os.listdir(s.root / "tmp") == []

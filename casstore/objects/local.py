@@ -61,6 +61,7 @@ from .._fs import (
     makedirs,
     pwrite_all,
     read_up_to,
+    read_whole_reused,
     run_beside,
     stamp_floor_ns,
     syncfs,
@@ -1009,14 +1010,9 @@ class LocalObjects(ObjectStore):
             if size < _STAGE_READ_MAX:
                 # One read of the source, then hash and write that same buffer: half the page-cache
                 # passes of copy-then-hash-the-copy for the many small files of a folder.
-                buf = os.pread(src, size + 1, 0)
-                while len(buf) < size:
-                    more = os.pread(src, size + 1 - len(buf), len(buf))
-                    if not more:
-                        break
-                    buf += more
-                if len(buf) != size:
-                    raise IntegrityError(f"file changed size while being stored ({len(buf)} of {size} bytes)")
+                buf = read_whole_reused(src, size)  # (this thread's buffer: no fresh pages per file)
+                if buf is None:
+                    raise IntegrityError(f"file changed size while being stored (expected {size} bytes)")
                 d = hash_bytes(buf)
                 st.write(buf)
             else:
