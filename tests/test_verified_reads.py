@@ -323,7 +323,10 @@ def test_mmap_verify_hashes_once_then_maps(store: casstore.Store, monkeypatch: p
     assert isinstance(m, np.memmap) and np.array_equal(m, a)
     assert len(calls) == 1
     for _ in range(5):
-        store.get_array(d, mmap=True, verify=True)
+        # Later opens: a lookup, then the array alone is mapped (as for verify=False), the same map.
+        m2 = store.get_array(d, mmap=True, verify=True)
+        assert isinstance(m2, np.memmap) and np.array_equal(m2, a) and not m2.flags.writeable
+        assert (m2.offset, m2.filename, m2.shape, m2.dtype) == (m.offset, m.filename, m.shape, m.dtype)
     assert len(calls) == 1  # memoized
     store.get_array(d, mmap=True)  # the default for maps stays unverified
     assert len(calls) == 1

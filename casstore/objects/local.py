@@ -1309,6 +1309,14 @@ class LocalObjects(ObjectStore):
         """
         self._check_once(digest, st, path, lambda: hash_fd(fd, st.st_size))
 
+    def verified_once(self, digest: Digest, st: os.stat_result) -> bool:
+        """True if this process already hashed the raw object file with stat ``st`` and found it intact.
+
+        The :meth:`verify_fd` memo, asked without hashing: a caller that would map the file
+        differently to hash it (:meth:`verify_mapped`) can then map it the cheap way.
+        """
+        return _memo_hit(_memo_key(st), digest)
+
     def verify_mapped(self, digest: Digest, st: os.stat_result, buf: Buffer, path: str) -> None:
         """Check that ``buf`` holds the bytes of the raw object file with stat ``st``: the
         :meth:`verify_fd` memo, but hashing a buffer the caller already holds (a memory map it hands out).
