@@ -3,8 +3,8 @@
 An array object is exactly the ``.npy`` file ``np.save`` writes (format 1.0, or
 3.0 for non-latin-1 field names; dtype, shape and C/Fortran order kept), so
 ``np.load(store.path(d))`` works on it too, and its data starts 64-byte
-aligned.  ``get_array(d)`` reads into fresh memory (from 8 MiB while a helper
-thread hashes what was read), and returns the array only once it matched.
+aligned.  ``get_array(d)`` reads into fresh memory (from 2 MiB while a helper hashes
+the object file from the same page cache), and returns the array only once it matched.
 ``get_array(d, mmap=True)`` memory-maps a raw object read-only with no copy and,
 by default, no verification; ``verify=True`` hashes the file first, once per
 process while it is unchanged (later maps cost a lookup).
@@ -275,8 +275,9 @@ def get_array(store: Store, digest: DigestLike, *, mmap: bool = False,
     """Read an array: into fresh memory (verified), or ``mmap=True`` as a read-only memory map.
 
     ``verify`` defaults to ``True`` for reads and ``False`` for maps.  A read
-    (``mmap=False``) fills fresh memory (from 2 MiB while a helper thread hashes
-    what has been read); the array is returned only after the object hashed to its name
+    (``mmap=False``) fills fresh memory (from 2 MiB while a helper hashes the
+    object file; the array's own memory if the file's stat moved meanwhile); the
+    array is returned only after the object hashed to its name
     (:class:`IntegrityError` otherwise, and no array).  ``mmap=True`` maps a raw
     object with no copy; with ``verify=True`` the file is hashed first, once
     per process while it is unchanged (device, inode, size, mtime and ctime:
