@@ -43,6 +43,8 @@ __all__ = [
     "syncfs",
     "pwrite_all",
     "pread_upto",
+    "pread_into",
+    "read_whole_reused",
     "copy_range",
     "makedirs",
     "copy_exact",
@@ -201,6 +203,22 @@ def pread_upto(fd: int, n: int, off: int) -> bytes:
 _scratch = threading.local()
 
 
+def pread_into(fd: int, view: memoryview, off: int, *, enough: Optional[int] = None) -> int:
+    """Fill ``view`` from ``off``, looping over short reads; the bytes read (fewer only where the file ends).
+
+    ``enough``: stop once that many are in (a caller that asks one byte past a file's size to see it
+    grew is done after a first read that returns exactly the size: no second read to find the end).
+    """
+    stop = len(view) if enough is None else enough
+    got: int = os.preadv(fd, [view], off) if len(view) else 0
+    while 0 < got < stop:
+        more = os.preadv(fd, [view[got:]], off + got)
+        if not more:
+            break
+        got += more
+    return got
+
+
 def read_whole_reused(fd: int, size: int) -> Optional[memoryview]:
     """The ``size`` bytes of a file (from offset 0) in this thread's reused buffer; None if it holds another size.
 
@@ -213,13 +231,7 @@ def read_whole_reused(fd: int, size: int) -> Optional[memoryview]:
     if buf is None or len(buf) < size + 1:
         buf = _scratch.buf = bytearray(max(size + 1, 64 << 10))
     mv = memoryview(buf)[:size + 1]
-    got = os.preadv(fd, [mv], 0)
-    while 0 < got < size:
-        more = os.preadv(fd, [mv[got:]], got)
-        if not more:
-            break
-        got += more
-    return mv[:size] if got == size else None
+    return mv[:size] if pread_into(fd, mv, 0, enough=size) == size else None
 
 
 def pwrite_all(fd: int, buf: bytes | bytearray | memoryview, off: int) -> None:

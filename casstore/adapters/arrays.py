@@ -57,7 +57,7 @@ from typing import (
 import numpy as np
 import numpy.typing as npt
 
-from .._fs import Beside, read_up_to, run_beside
+from .._fs import Beside, pread_into, read_up_to, run_beside
 from ..codecs import CompressArg
 from ..digest import Digest, hash_fd, new_hasher
 from ..errors import IntegrityError, InvalidInputError, InvalidTypeError, StoreFormatError
@@ -413,12 +413,9 @@ def _unmoved(fd: int, before: os.stat_result) -> bool:
 
 def _pread_exact(fd: int, view: memoryview, off: int, d: Digest) -> None:
     """Fill ``view`` from ``off`` (looping over short reads); a file ending early is truncated."""
-    got = 0
-    while got < len(view):
-        k = os.preadv(fd, [view[got:]], off + got)
-        if not k:
-            raise IntegrityError(f"object {d} is truncated: {got} of {len(view)} bytes at offset {off}")
-        got += k
+    got = pread_into(fd, view, off)
+    if got < len(view):
+        raise IntegrityError(f"object {d} is truncated: {got} of {len(view)} bytes at offset {off}")
 
 
 def _read_decoded(store: Store, d: Digest, verify: bool) -> npt.NDArray[Any]:
