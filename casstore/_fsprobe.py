@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 __all__ = ["FsInfo", "probe", "LOCK_UNSUPPORTED", "ofd_lock", "ofd_unlock", "mount_of", "syncfs_trusted",
-           "local_timestamps", "fine_local_stamps"]
+           "local_timestamps", "fine_local_stamps", "settled"]
 
 LOCK_UNSUPPORTED = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL, errno.ENOTSUP})
 """errnos that mean "this filesystem has no such lock" (never "someone else holds it")."""
@@ -135,6 +135,27 @@ def fine_local_stamps(st_dev: int, ctime_ns: int) -> bool:
     if fstype is None:
         fstype = _FSTYPES[st_dev] = mount_of(st_dev)[0]
     return local_timestamps(fstype)
+
+
+_SECOND_NS = 1_000_000_000
+
+
+def settled(st: os.stat_result, floor: int) -> bool:
+    """Would any change made after ``floor`` (a ``_fs.stamp_floor_ns`` read before ``st`` was taken)
+    give this file a new ctime?
+
+    Only then may a hash of its bytes stand for the file while its stat holds (the verify memo,
+    a verified ``get_array`` that hashes the file beside the copy).  Hazard (CI saw it): put, verify,
+    chmod, write and chmod again within one clock tick left (size, mtime_ns, ctime_ns) unchanged,
+    and the memo vouched for the rewritten bytes; before Linux 6.13 any file changed within the
+    current tick can change again unseen.  Where this kernel does not stamp the file in sub-second
+    timestamps (whole seconds; FUSE and network filesystems: :func:`fine_local_stamps`) it is
+    settled two seconds after its stamp, the folders' racy rule.
+    """
+    c = st.st_ctime_ns
+    if fine_local_stamps(st.st_dev, c):
+        return c < floor
+    return c + 2 * _SECOND_NS <= floor
 
 
 def ofd_lock(fd: int, shared: bool) -> bool:

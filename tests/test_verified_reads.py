@@ -26,7 +26,8 @@ from conftest import counting_hash_fd
 
 import casstore
 import casstore.objects.local as local_mod
-from casstore._fs import fresh_bytes, helper_threads, run_beside
+from casstore._fs import fresh_bytes, helper_threads, run_beside, stamp_floor_ns
+from casstore._fsprobe import settled
 from casstore.digest import Digest, HashBeside
 from casstore.errors import IntegrityError
 
@@ -36,6 +37,15 @@ MiB = 1 << 20
 @pytest.fixture
 def store(tmp_path: Path) -> casstore.Store:
     return casstore.open(tmp_path / "store", durable=False, compress=False)
+
+
+def _settle(path: Path) -> None:
+    """Wait out the clock tick the object file was stamped in: get_array hashes the file beside the
+    copy only once its ctime is settled (an unsettled file's array is hashed instead)."""
+    deadline = time.monotonic() + 10
+    while not settled(os.stat(path), stamp_floor_ns()):
+        assert time.monotonic() < deadline, "the coarse clock did not move in 10 s"
+        time.sleep(0.002)
 
 
 def _bounded_threads(before: int) -> None:
@@ -147,6 +157,7 @@ def test_get_array_hashes_the_file_on_a_helper_beside_the_copy(store: casstore.S
     monkeypatch.setattr(arrays_mod, "hash_fd", recording)
     small, large = (np.random.default_rng(n).random(n, dtype=np.float32) for n in (MiB // 8, MiB))  # 0.5, 4 MiB
     ds = [store.put_array(small), store.put_array(large)]
+    _settle(store.path(ds[1]))
     assert np.array_equal(store.get_array(ds[0]), small) and seen == []  # read whole, then hashed
     assert np.array_equal(store.get_array(ds[1]), large)
     assert seen == [(False, store.stat(ds[1]).size)], seen  # the whole file, on a helper
@@ -192,6 +203,7 @@ def test_get_array_of_a_file_rewritten_in_place_during_the_read_is_refused(
     d = store.put_array(a)
     path = store.path(d)
     size = store.stat(d).size
+    _settle(path)
 
     def rewrite(fd: int) -> None:
         os.chmod(path, 0o644)
@@ -216,6 +228,7 @@ def test_get_array_with_a_hard_link_made_during_the_read_is_read_and_verified(
     a = np.random.default_rng(4).random(MiB, dtype=np.float32)
     d = store.put_array(a)
     linked = tmp_path / "linked.npy"
+    _settle(store.path(d))
 
     def link_once(fd: int) -> None:
         if not linked.exists():
@@ -225,7 +238,45 @@ def test_get_array_with_a_hard_link_made_during_the_read_is_read_and_verified(
     assert np.array_equal(store.get_array(d), a)
     assert memory == ["hashed the array"]
     memory.clear()
+    _settle(store.path(d))  # (the link stamped the file's ctime just now)
     assert np.array_equal(store.get_array(d), a) and memory == []  # nothing moved this time: the file's hash
+
+
+def test_get_array_of_a_file_stamped_in_the_current_tick_hashes_its_array(
+        store: casstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before Linux 6.13 a second change within one clock tick keeps the ctime the first gave: a file
+    # changed in the current tick (just put, linked or touched) could be rewritten during the read
+    # with its stat unmoved, and the helper's hash of the file would vouch for bytes it never saw.
+    # Such a file's array is hashed instead (docs/security.md).  Simulated: "now" is the file's own
+    # tick, and the stat check is told nothing moved, as on such a kernel.
+    from casstore.adapters import arrays as arrays_mod
+
+    a = np.random.default_rng(5).random(MiB, dtype=np.float32)  # 4 MiB: the file-hash size
+    d = store.put_array(a)
+    path = store.path(d)
+    size = store.stat(d).size
+    helper: List[int] = []
+    real_hash, real_read = arrays_mod.hash_fd, arrays_mod._pread_exact
+
+    def recording(fd: int, n: int, **kw: Any) -> Digest:
+        helper.append(n)
+        return real_hash(fd, n, **kw)
+
+    def rewrite_then_read(fd: int, view: memoryview, off: int, d_: Digest) -> None:
+        flip_byte(path, size - 100)  # in place (it takes a chmod), same size, before the copy
+        real_read(fd, view, off, d_)
+
+    monkeypatch.setattr(arrays_mod, "stamp_floor_ns", lambda: os.stat(path).st_ctime_ns)
+    monkeypatch.setattr(arrays_mod, "_unmoved", lambda fd, before: True)
+    monkeypatch.setattr(arrays_mod, "hash_fd", recording)
+    monkeypatch.setattr(arrays_mod, "_pread_exact", rewrite_then_read)
+    got: List[Any] = []
+    with pytest.raises(IntegrityError, match=d.hex[:16]):
+        got.append(store.get_array(d))
+    assert got == [] and helper == []  # the array was hashed, the file never on a helper
+    monkeypatch.setattr(arrays_mod, "_pread_exact", real_read)
+    flip_byte(path, size - 100)  # put back
+    assert np.array_equal(store.get_array(d), a) and helper == []
 
 
 @pytest.mark.parametrize("n", [1, 1000, 130_000, 2 * MiB, 5 * MiB])  # below, at and far above the pipeline's threshold

@@ -57,7 +57,8 @@ from typing import (
 import numpy as np
 import numpy.typing as npt
 
-from .._fs import Beside, pread_into, read_up_to, run_beside
+from .._fs import Beside, pread_into, read_up_to, run_beside, stamp_floor_ns
+from .._fsprobe import settled
 from ..codecs import CompressArg
 from ..digest import Digest, hash_fd, new_hasher
 from ..errors import IntegrityError, InvalidInputError, InvalidTypeError, StoreFormatError
@@ -276,7 +277,8 @@ def get_array(store: Store, digest: DigestLike, *, mmap: bool = False,
 
     ``verify`` defaults to ``True`` for reads and ``False`` for maps.  A read
     (``mmap=False``) fills fresh memory (from 2 MiB while a helper hashes the
-    object file; the array's own memory if the file's stat moved meanwhile); the
+    object file; the array's own memory if the file's stat moved meanwhile, or if
+    the file changed within the clock's current tick); the
     array is returned only after the object hashed to its name
     (:class:`IntegrityError` otherwise, and no array).  ``mmap=True`` maps a raw
     object with no copy; with ``verify=True`` the file is hashed first, once
@@ -352,13 +354,16 @@ def _read_raw(path: str, d: Digest, verify: bool) -> npt.NDArray[Any]:
     during the read, and that moves its ctime (it takes a chmod and a write; a
     hard link made or removed moves it too).  So if the file's metadata moved
     meanwhile, the bytes handed out are hashed themselves instead (:func:`_unmoved`).
+    A file changed within the clock's current tick (just put, linked or touched) could
+    change again without a new ctime (before Linux 6.13): its array is hashed too.
     """
+    floor = stamp_floor_ns()  # before the open's fstat: see _fsprobe.settled
     fd, st = open_object_file(path, d)
     stop = threading.Event()
     beside: Optional[Beside[Digest]] = None
     try:
         size = st.st_size
-        if verify and size >= _PIPE_MIN:
+        if verify and size >= _PIPE_MIN and settled(st, floor):
             # Started first: the hash (about 1.3-1.5x the read on one core) is the longer leg.
             # Hazard (docs/security.md): a file truncated under the helper's map raises SIGBUS;
             # hash_fd checks the size before mapping, and object files are read-only.
@@ -400,11 +405,11 @@ def _read_raw(path: str, d: Digest, verify: bool) -> npt.NDArray[Any]:
 def _unmoved(fd: int, before: os.stat_result) -> bool:
     """True if the open file's size, mtime and ctime are still those of ``before``.
 
-    A write in place moves mtime and ctime (and the chmod it needs moves ctime);
-    since Linux 6.13 a ctime that was just read is bumped at a finer grain on the
-    next change, so a write right after the open shows too.  Hazard, on older
-    kernels: a write within the same timestamp tick as the open would not
-    (docs/security.md).
+    A write in place moves mtime and ctime (and the chmod it needs moves ctime).
+    The caller asks only about a file that was settled at the open (its ctime
+    below a floor read before it: :func:`~casstore._fsprobe.settled`), so any
+    change since gets a later ctime, on every kernel (before Linux 6.13 a second
+    change within one clock tick keeps the ctime it had: docs/security.md).
     """
     now = os.fstat(fd)
     return (now.st_size, now.st_mtime_ns, now.st_ctime_ns) == (before.st_size, before.st_mtime_ns,

@@ -66,7 +66,7 @@ from .._fs import (
     stamp_floor_ns,
     syncfs,
 )
-from .._fsprobe import fine_local_stamps, mount_of, overlay_upper, syncfs_trusted
+from .._fsprobe import mount_of, overlay_upper, settled, syncfs_trusted
 from .._layout import BAD, LOCKS, OBJECTS, is_fanout, object_path, object_relpath
 from .._lock import FileLock
 from ..codecs import CODECS, RAW, ZSTD, Codec, CompressArg, file_sample_pays, normalize_compress, sample_pays
@@ -125,24 +125,6 @@ def _memo_key(st: os.stat_result) -> Tuple[int, int, int, int, int]:
 
 def _memo_hit(key: Tuple[int, int, int, int, int], d: Digest) -> bool:
     return _VERIFIED.get(key) == d.hex
-
-
-_SECOND_NS = 1_000_000_000
-
-
-def _settled(st: os.stat_result, floor: int) -> bool:
-    """Would any change made after ``floor`` (a :func:`stamp_floor_ns`) give this file a new ctime?
-
-    Only then may a memo keyed by its stat vouch for its bytes.  Hazard (CI saw it): put,
-    verify, chmod, write and chmod again within one clock tick left (size, mtime_ns, ctime_ns)
-    unchanged, and the memo vouched for the rewritten bytes.  Where this kernel does not stamp
-    the file in sub-second timestamps (whole seconds; FUSE and network filesystems:
-    :func:`fine_local_stamps`) it is settled two seconds after its stamp, the folders' racy rule.
-    """
-    c = st.st_ctime_ns
-    if fine_local_stamps(st.st_dev, c):
-        return c < floor
-    return c + 2 * _SECOND_NS <= floor
 
 
 def _memo_add(key: Tuple[int, int, int, int, int], d: Digest) -> None:
@@ -1279,7 +1261,7 @@ class LocalObjects(ObjectStore):
         A verified-once memo keyed by (device, inode, size, mtime_ns, ctime_ns)
         makes repeated calls in one process free while the file is unchanged
         (any change to the file, even ``touch``, changes the key; a file changed
-        within the clock's last tick is not memoized, see ``_settled``).
+        within the clock's last tick is not memoized, see ``_fsprobe.settled``).
         """
         loc = self.locate(digest)
         fd, st = open_object_file(loc.path, digest)
@@ -1336,14 +1318,14 @@ class LocalObjects(ObjectStore):
         key = _memo_key(st)
         if _memo_hit(key, digest):
             return
-        before = stamp_floor_ns()  # read before the bytes are: see _settled
+        before = stamp_floor_ns()  # read before the bytes are: see _fsprobe.settled
         got = compute()
         if got != digest:
             raise IntegrityError(
                 f"object {digest} is corrupt: its bytes hash to {got}; file {path}. "
                 "Run `casstore verify --repair` and put the data again"
             )
-        if _settled(st, before):  # a file changed within the clock's last tick is hashed again next time
+        if settled(st, before):  # a file changed within the clock's last tick is hashed again next time
             _memo_add(key, digest)
 
     # -- listing --
