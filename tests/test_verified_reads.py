@@ -129,6 +129,7 @@ def test_get_array_pipelined_flipped_byte(store: casstore.Store, where: str, n: 
     assert np.array_equal(store.get_array(d), a)
     offset = {"first-block": 200, "middle": size // 2, "last-byte": size - 1}[where]
     flip_byte(store.path(d), offset)
+    _settle(store.path(d))  # (else the flip's fresh ctime has the array hashed, not the file)
     before = threading.active_count()
     got: List[Any] = []
     for _ in range(5):
