@@ -299,6 +299,48 @@ def test_a_missing_file_is_not_called_a_malformed_digest(tmp_path: Path, cmd: st
     _err(cli(tmp_path, "--store", str(root), cmd, "zzzz"), "InvalidDigestError")
 
 
+def test_get_and_stat_take_a_file_of_a_version_as_name_colon_key(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    s = casstore.open(root)
+    with s.edit("exp") as m:
+        m["out/model.bin"] = s.put(b"weights v1")
+    with s.edit("exp") as m:
+        m["out/model.bin"] = s.put(b"weights v2")
+    old = s.history("exp")[1].digest
+
+    def get(target: str) -> str:
+        r = cli(tmp_path, "--store", str(root), "get", target, "-o", "-")
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert get("exp:out/model.bin") == "weights v2"
+    assert get("exp~1:out/model.bin") == "weights v1"
+    assert get(f"exp@{old.hex[:8]}:out/model.bin") == "weights v1"
+    assert get(f"{old}:out/model.bin") == "weights v1"  # a version digest's own colon is not the split
+    r = cli(tmp_path, "--store", str(root), "stat", "exp:out/model.bin", "--json")
+    assert json.loads(r.stdout)["digest"] == str(casstore.Digest.of(b"weights v2")), r.stderr
+    # A digest (or unique prefix) is always a digest, even with a name "blake3" holding a matching key.
+    data = casstore.Digest.of(b"weights v2")
+    with s.edit("blake3") as m:
+        m[data.hex[:10]] = s.put(b"not this")
+    assert get(f"blake3:{data.hex[:10]}") == "weights v2"
+    # Keys may hold ':' (names may not): the first colon that ends a version splits.
+    with s.edit("a") as m:
+        m["b:c"] = s.put(b"name a, key b:c")
+    assert get("a:b:c") == "name a, key b:c"
+    assert get(f"a@blake3:{s.manifest('a').digest.hex[:8]}:b:c") == "name a, key b:c"
+    # What is not there says what is not there, in CLI terms.
+    err = _err(cli(tmp_path, "--store", str(root), "get", "exp:out/missing.bin"), "ObjectNotFoundError")
+    assert "has no key 'out/missing.bin'" in err and "casstore manifest show exp" in err, err
+    err = _err(cli(tmp_path, "--store", str(root), "get", "exp~5:out/model.bin"), "ManifestNotFoundError")
+    assert "has 2 version(s)" in err, err
+    _err(cli(tmp_path, "--store", str(root), "get", "nope:out/model.bin"), "ManifestNotFoundError")
+    # A key is only looked up, never joined to a path; a data object is not taken for a version.
+    _err(cli(tmp_path, "--store", str(root), "get", "exp:../../etc/passwd"), "ObjectNotFoundError")
+    err = _err(cli(tmp_path, "--store", str(root), "get", f"{data}:x"), "StoreFormatError")
+    assert "not a valid manifest" in err, err
+
+
 def test_demo_runs_in_a_temporary_store_and_explains_itself(tmp_path: Path) -> None:
     r = cli(tmp_path, "demo")
     assert r.returncode == 0, r.stderr

@@ -16,7 +16,14 @@ from typing import Callable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from .._layout import CONFIG_FILE
 from ..digest import Digest
-from ..errors import AmbiguousDigestError, InvalidDigestError, ObjectNotFoundError, StoreFormatError
+from ..errors import (
+    AmbiguousDigestError,
+    InvalidDigestError,
+    InvalidInputError,
+    ManifestNotFoundError,
+    ObjectNotFoundError,
+    StoreFormatError,
+)
 from ..store import Store, open_store
 
 __all__ = [
@@ -152,15 +159,24 @@ def add_global_options(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_digest(store: Store, value: str) -> Digest:
-    """A digest or unique prefix; a value that names a file (or looks like a path) says so.
+    """An object: a digest or unique prefix, or ``TARGET:KEY`` (the entry ``KEY`` of a manifest version).
 
-    "malformed digest" would mislead a user who typed ``casstore get model.bin``.
+    ``TARGET`` is anything ``casstore manifest show`` takes (``NAME``, ``NAME~N``,
+    ``NAME@HEXPREFIX``, a version digest).  A value that is a digest or prefix is one
+    (so ``blake3:9f2c`` is never read as name ``blake3``).  A value that names a file (or
+    looks like a path) says so: "malformed digest" would mislead a user who typed
+    ``casstore get model.bin``.
     """
     try:
         return store.resolve(value)
     except InvalidDigestError as e:
         if isinstance(e, AmbiguousDigestError):
             raise  # a prefix of several objects: it was meant as a digest
+        got, why = _entry_digest(store, value)
+        if got is not None:
+            return got
+        if why is not None and not Path(value).exists() and not _digest_shaped(value):
+            raise why from None  # TARGET:KEY whose version is not there: say which and why
         looks_like_path = "/" in value or "." in value.replace("blake3:", "", 1) or Path(value).exists()
         if not looks_like_path:
             raise
@@ -168,7 +184,45 @@ def resolve_digest(store: Store, value: str) -> Digest:
             raise ObjectNotFoundError(f"{value!r} is a file, not a digest; store it with `casstore put {value}` "
                                       "and use the digest that prints") from None
         raise ObjectNotFoundError(f"{value!r} is not a digest or digest prefix (and no such file exists); "
-                                  "list objects with `casstore ls --objects`") from None
+                                  "name a file of a version as NAME:KEY, or list objects with "
+                                  "`casstore ls --objects`") from None
+
+
+def _digest_shaped(value: str) -> bool:
+    """``ALGO:HEX`` (``sha256:00ff...``): meant as a digest, so a digest error beats "no such name"."""
+    algo, _, rest = value.partition(":")
+    return algo.isalnum() and rest != "" and all(c in "0123456789abcdefABCDEF" for c in rest)
+
+
+def _entry_digest(store: Store, value: str) -> Tuple[Optional[Digest], Optional[Exception]]:
+    """``TARGET:KEY`` -> (the digest of ``KEY`` in that version, None); with no ``:`` splitting off an
+    existing version, (None, why the first split's version was not found), or (None, None) without ``:``.
+
+    Names never hold ``:`` (it is reserved for digests), so the only colons before the key are a
+    digest's own (``blake3:HEX:KEY``, ``NAME@blake3:HEX:KEY``): the splits are tried left to right
+    and the first that names a version is the one (a leading ``blake3:`` is never a split).  Only
+    "no such version" and "not a valid name" move on to the next split; a damaged version, or an
+    object that is not a manifest, is an error here as anywhere.  Keys may hold ``:``; a key is only
+    looked up, never joined to a path.
+    """
+    first: Optional[Exception] = None
+    # A leading "blake3:" is a version digest's, never a name "blake3" (a digest is always a digest).
+    i = value.find(":", len("blake3:") if value.startswith("blake3:") else 0)
+    while i != -1:
+        target, key = value[:i], value[i + 1:]
+        if target and key:
+            try:
+                m = store.manifest(target)
+            except (ManifestNotFoundError, InvalidInputError, InvalidDigestError) as e:
+                first = first or e
+            else:
+                entry = m.get(key)
+                if entry is None:
+                    raise ObjectNotFoundError(f"version {target!r} has no key {key!r}; list its keys with "
+                                              f"`casstore manifest show {target}`")
+                return entry.digest, None
+        i = value.find(":", i + 1)
+    return None, first
 
 
 def add_actions(parent: argparse.ArgumentParser, command: str, dest: str) -> Action:

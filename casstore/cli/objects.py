@@ -236,8 +236,13 @@ def _stdout_is_regular_file() -> bool:
         return False
 
 
+_OBJECT_HELP = ("a digest or unique prefix, or NAME:KEY for the file KEY of a version (NAME~N:KEY, "
+                "NAME@HEXPREFIX:KEY and VERSION-DIGEST:KEY too)")
+
+
 def cmd_get(args: argparse.Namespace) -> int:
-    """``casstore get DIGEST [-o FILE]``: write an object's bytes (verified unless --no-verify)."""
+    """``casstore get OBJECT [-o FILE]``: write an object's bytes (verified unless --no-verify); OBJECT may
+    be ``NAME:KEY`` (:func:`~casstore.cli.common.resolve_digest`)."""
     store = open_from_args(args, create=False)
     d = resolve_digest(store, args.digest)
     to_file = bool(args.output and args.output != "-")
@@ -283,7 +288,7 @@ def _looks_binary(head: bytes) -> bool:
 
 
 def cmd_stat(args: argparse.Namespace) -> int:
-    """``casstore stat DIGEST``: size, stored size and codec of one object."""
+    """``casstore stat OBJECT``: size, stored size and codec of one object (or of ``NAME:KEY``)."""
     store = open_from_args(args, create=False)
     info = store.stat(resolve_digest(store, args.digest))
     doc = {"digest": str(info.digest), "size": info.size, "stored_size": info.stored_size, "codec": info.codec}
@@ -451,14 +456,15 @@ def register(add: Add) -> None:
                     help="raw, zstd or a zstd level (default: the store's)")
     sp.add_argument("--names", action="store_true", help="print 'digest  file' even for one file")
     sp.add_argument("--json", action="store_true")
-    sp = add("get", cmd_get, "write an object to stdout or -o FILE (verifies its digest)")
-    sp.add_argument("digest", help="digest or unique prefix")
+    sp = add("get", cmd_get, "write an object (or a file of a version, NAME:KEY) to stdout or -o FILE "
+                             "(verifies its digest)")
+    sp.add_argument("digest", metavar="OBJECT", help=_OBJECT_HELP)
     sp.add_argument("-o", "--output",
                     help="output file (written atomically; a device, pipe or symlink is written in place); "
                          "- writes to stdout even when it is a terminal")
     sp.add_argument("--no-verify", action="store_true", help="skip re-hashing")
     sp = add("stat", cmd_stat, "show an object's size, stored size and codec")
-    sp.add_argument("digest", help="digest or unique prefix")
+    sp.add_argument("digest", metavar="OBJECT", help=_OBJECT_HELP)
     sp.add_argument("--json", action="store_true")
     sp = add("ls", cmd_ls, "list heads and pins: versions, size, last change (or objects with --objects)")
     filter_help, sort_keys = "", tuple[str, ...]()  # not the command being run: its help is never shown
