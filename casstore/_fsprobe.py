@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 __all__ = ["FsInfo", "probe", "LOCK_UNSUPPORTED", "ofd_lock", "ofd_unlock", "mount_of", "syncfs_trusted",
-           "local_timestamps", "fine_local_stamps", "settled"]
+           "local_timestamps", "fine_local_stamps", "settled", "RACY_SECONDS"]
 
 LOCK_UNSUPPORTED = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL, errno.ENOTSUP})
 """errnos that mean "this filesystem has no such lock" (never "someone else holds it")."""
@@ -137,7 +137,10 @@ def fine_local_stamps(st_dev: int, ctime_ns: int) -> bool:
     return local_timestamps(fstype)
 
 
-_SECOND_NS = 1_000_000_000
+RACY_SECONDS = 2.0
+"""Where a file's stamps come from another clock or are whole seconds, how long after its stamp a
+change could still leave its stat unchanged (git's "racy clean" window; :func:`settled`, the folders'
+stat cache)."""
 
 
 def settled(st: os.stat_result, floor: int) -> bool:
@@ -150,12 +153,12 @@ def settled(st: os.stat_result, floor: int) -> bool:
     and the memo vouched for the rewritten bytes; before Linux 6.13 any file changed within the
     current tick can change again unseen.  Where this kernel does not stamp the file in sub-second
     timestamps (whole seconds; FUSE and network filesystems: :func:`fine_local_stamps`) it is
-    settled two seconds after its stamp, the folders' racy rule.
+    settled :data:`RACY_SECONDS` after its stamp, the folders' racy rule.
     """
     c = st.st_ctime_ns
     if fine_local_stamps(st.st_dev, c):
         return c < floor
-    return c + 2 * _SECOND_NS <= floor
+    return c + int(RACY_SECONDS * 1e9) <= floor
 
 
 def ofd_lock(fd: int, shared: bool) -> bool:

@@ -54,7 +54,7 @@ import msgpack
 
 from ._faults import fault
 from ._fs import read_small_file, stamp_floor_ns, write_file_atomic
-from ._fsprobe import fine_local_stamps
+from ._fsprobe import RACY_SECONDS, fine_local_stamps
 from ._layout import TMP, object_path
 from ._paths import key_problem
 from ._progress import Progress
@@ -77,8 +77,8 @@ __all__ = ["AddResult", "FolderStatus", "Skipped", "add_folder", "folder_status"
 
 log = logging.getLogger("casstore.folders")
 
-RACY_SECONDS = 2.0
-"""A file modified this recently is re-hashed after its copy and never stat-cached (coarse timestamps)."""
+# RACY_SECONDS (core, _fsprobe): a file modified this recently is re-hashed after its copy and never
+# stat-cached where timestamps are coarse or come from another clock.
 ATTEMPTS = 3
 """Copies of a changing file before :class:`FileChangedError`."""
 CACHE_DIR = "cache/stat"

@@ -297,6 +297,10 @@ def test_a_missing_file_is_not_called_a_malformed_digest(tmp_path: Path, cmd: st
     assert "no such file" in err and "malformed" not in err, err
     # a plain bad digest is still a digest error
     _err(cli(tmp_path, "--store", str(root), cmd, "zzzz"), "InvalidDigestError")
+    # longer than a file name may be (ENAMETOOLONG): still one typed line, not "failed unexpectedly"
+    _err(cli(tmp_path, "--store", str(root), cmd, "a" * 300), "InvalidDigestError")
+    err = _err(cli(tmp_path, "--store", str(root), cmd, "a." * 150), "ObjectNotFoundError")
+    assert "no such file" in err, err
 
 
 def test_get_and_stat_take_a_file_of_a_version_as_name_colon_key(tmp_path: Path) -> None:
@@ -339,6 +343,29 @@ def test_get_and_stat_take_a_file_of_a_version_as_name_colon_key(tmp_path: Path)
     _err(cli(tmp_path, "--store", str(root), "get", "exp:../../etc/passwd"), "ObjectNotFoundError")
     err = _err(cli(tmp_path, "--store", str(root), "get", f"{data}:x"), "StoreFormatError")
     assert "not a valid manifest" in err, err
+
+
+def test_name_colon_key_with_a_hostile_number_of_colons_costs_two_lookups(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from casstore.cli.common import resolve_digest
+
+    s = casstore.open(tmp_path / "s")
+    with s.edit("exp") as m:
+        m["a:" * 3 + "b"] = s.put(b"a key with colons")
+    calls: List[str] = []
+    real = casstore.Store.manifest
+
+    def counting(self: casstore.Store, target: Any) -> Any:
+        calls.append(target)
+        return real(self, target)
+
+    monkeypatch.setattr(casstore.Store, "manifest", counting)
+    with pytest.raises(casstore.ManifestNotFoundError):
+        resolve_digest(s, "nope" + ":" * 100_000 + "x")
+    assert len(calls) <= 2, len(calls)
+    calls.clear()
+    assert resolve_digest(s, "exp:" + "a:" * 3 + "b") == casstore.Digest.of(b"a key with colons")
+    assert calls == ["exp"]
 
 
 def test_demo_runs_in_a_temporary_store_and_explains_itself(tmp_path: Path) -> None:

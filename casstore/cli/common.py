@@ -175,12 +175,16 @@ def resolve_digest(store: Store, value: str) -> Digest:
         got, why = _entry_digest(store, value)
         if got is not None:
             return got
-        if why is not None and not Path(value).exists() and not _digest_shaped(value):
+        try:
+            is_file = Path(value).exists()
+        except OSError:  # a name longer than NAME_MAX (and the like) names no file: not "failed unexpectedly"
+            is_file = False
+        if why is not None and not is_file and not _digest_shaped(value):
             raise why from None  # TARGET:KEY whose version is not there: say which and why
-        looks_like_path = "/" in value or "." in value.replace("blake3:", "", 1) or Path(value).exists()
+        looks_like_path = "/" in value or "." in value.replace("blake3:", "", 1) or is_file
         if not looks_like_path:
             raise
-        if Path(value).exists():
+        if is_file:
             raise ObjectNotFoundError(f"{value!r} is a file, not a digest; store it with `casstore put {value}` "
                                       "and use the digest that prints") from None
         raise ObjectNotFoundError(f"{value!r} is not a digest or digest prefix (and no such file exists); "
@@ -208,7 +212,11 @@ def _entry_digest(store: Store, value: str) -> Tuple[Optional[Digest], Optional[
     first: Optional[Exception] = None
     # A leading "blake3:" is a version digest's, never a name "blake3" (a digest is always a digest).
     i = value.find(":", len("blake3:") if value.startswith("blake3:") else 0)
-    while i != -1:
+    # A TARGET holds at most one colon (NAME@blake3:HEX), so only the first two splits can name a
+    # version: a hostile argument of 100,000 colons costs two lookups, not 100,000.
+    for _ in range(2):
+        if i == -1:
+            break
         target, key = value[:i], value[i + 1:]
         if target and key:
             try:
