@@ -10,7 +10,10 @@ subclasses it and provides
   (real processes, real storage: nothing is mocked);
 * for objects, ``tamper(store, digest)``: damage the stored bytes for real
   (rewrite the local file, overwrite the S3 key without the create-only
-  condition), keeping the object's size.
+  condition), keeping the object's size;
+* for refs, ``damage(refs, kind, name)``: make an existing ref unreadable for
+  real (a local name's newest claim points at garbage and its ref file is gone;
+  an S3 ref key holds garbage).
 
 Contracts (issue 10): create-only and idempotent writes; bytes that do not
 hash to the digest are refused and nothing is stored; a missing object is
@@ -19,7 +22,8 @@ hash to the digest are refused and nothing is stored; a missing object is
 creating the same object all succeed and leave one intact object; a tampered
 object is detected on read.  Refs: a missing ref reads as ``None``;
 create-if-absent; a stale token loses; N processes racing a compare-and-swap
-from the same read, or racing to create, have exactly one winner; listing.
+from the same read, or racing to create, have exactly one winner; listing;
+a damaged ref is never dropped from a listing (``list`` raises, ``scan`` names it).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Any, Callable, List, Tuple
 import pytest
 
 from casstore.digest import Digest
-from casstore.errors import IntegrityError, ObjectNotFoundError
+from casstore.errors import IntegrityError, ObjectNotFoundError, StoreFormatError
 from casstore.objects.base import ObjectStore
 from casstore.refs.base import RefStore
 
@@ -241,6 +245,9 @@ class RefStoreTests:
     def opener(self, refs: RefStore) -> Callable[[], RefStore]:
         raise NotImplementedError
 
+    def damage(self, refs: RefStore, kind: str, name: str) -> None:
+        raise NotImplementedError("a subclass damages a ref of its implementation for real")
+
     d1, d2, d3 = (digest_of(x) for x in (b"one", b"two", b"three"))
 
     def test_read_missing_is_none(self, refs: RefStore) -> None:
@@ -286,6 +293,19 @@ class RefStoreTests:
         assert heads == {"a": self.d1, "b": self.d2, "dir/c": self.d3}
         assert list(heads) == ["a", "b", "dir/c"]  # sorted by name
         assert refs.list("pins") == {"p": self.d1}
+
+    def test_a_damaged_ref_is_never_dropped_from_a_listing(self, refs: RefStore) -> None:
+        # Hazard: a listing that skipped it hid the name from ls and verify, and gc (whose roots are
+        # the listing) deleted every object the name held.
+        for name, d in (("a", self.d1), ("bad", self.d2), ("z", self.d3)):
+            assert refs.compare_and_swap("heads", name, d, None)
+        self.damage(refs, "heads", "bad")
+        with pytest.raises(StoreFormatError, match="head 'bad' cannot be read"):
+            refs.list("heads")
+        got = refs.scan("heads")
+        assert got.refs == {"a": self.d1, "z": self.d3}
+        assert list(got.damaged) == ["bad"] and got.damaged["bad"]
+        assert refs.list("pins") == {}  # the other kind is unaffected
 
     def test_processes_racing_a_compare_and_swap_one_winner(self, refs: RefStore) -> None:
         assert refs.compare_and_swap("heads", "race", self.d1, None)

@@ -52,6 +52,18 @@ def open_local_refs_lying(root: str) -> RefStore:
     return casstore.open(root).refs
 
 
+def _damage_local(refs: RefStore, kind: str, name: str) -> None:
+    """The newest claim of ``name`` points at garbage and its ref file is gone (a crash between
+    a claim and the ref write, then damage): only the log can say what the name holds."""
+    assert isinstance(refs, LocalRefs)
+    logs = [p for p in (refs.root / "refs" / "log" / kind).iterdir() if (p / "name").read_text() == name]
+    assert len(logs) == 1
+    newest = max((p for p in logs[0].iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    newest.unlink()
+    newest.symlink_to("garbage")
+    (refs.root / "refs" / kind / name).unlink()
+
+
 class TestLocalRefs(RefStoreTests):
     @pytest.fixture
     def refs(self, tmp_path: Path) -> RefStore:
@@ -60,6 +72,9 @@ class TestLocalRefs(RefStoreTests):
     def opener(self, refs: RefStore) -> Callable[[], RefStore]:
         assert isinstance(refs, LocalRefs)
         return functools.partial(open_local_refs, str(refs.root))
+
+    def damage(self, refs: RefStore, kind: str, name: str) -> None:
+        _damage_local(refs, kind, name)
 
 
 class TestLocalRefsLyingLocks(RefStoreTests):
@@ -73,6 +88,9 @@ class TestLocalRefsLyingLocks(RefStoreTests):
         assert isinstance(refs, LocalRefs)
         return functools.partial(open_local_refs_lying, str(refs.root))
 
+    def damage(self, refs: RefStore, kind: str, name: str) -> None:
+        _damage_local(refs, kind, name)
+
 
 class TestS3Refs(RefStoreTests):
     @pytest.fixture
@@ -84,3 +102,7 @@ class TestS3Refs(RefStoreTests):
         conn = refs.connection
         assert conn.endpoint_url is not None
         return functools.partial(open_s3_refs, f"s3://{conn.bucket}/{refs.prefix}", conn.endpoint_url)
+
+    def damage(self, refs: RefStore, kind: str, name: str) -> None:
+        assert isinstance(refs, S3Refs)
+        assert refs.connection.put(refs.key(kind, name), b"garbage\n", action="damaging a ref") is not None

@@ -16,7 +16,13 @@ from typing import Dict, List, Set
 import pytest
 
 import casstore
-from casstore.errors import IntegrityError, InvalidInputError, InvalidTypeError, ObjectNotFoundError
+from casstore.errors import (
+    IntegrityError,
+    InvalidInputError,
+    InvalidTypeError,
+    ObjectNotFoundError,
+    StoreFormatError,
+)
 from casstore.maintenance import parse_duration, parse_size
 
 HOUR = 3600.0
@@ -216,6 +222,37 @@ def test_gc_refuses_when_a_root_is_unreadable(store: casstore.Store) -> None:
     with pytest.raises(ObjectNotFoundError, match="head 'exp'"):
         store.plan_gc(grace=0)
     assert object_hexes(store.root) == before - {vers[3].hex}
+
+
+def test_a_damaged_ref_stops_gc_shows_in_verify_and_leaves_the_listing(
+        store: casstore.Store, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Hazard (found by a bug hunt): a head whose newest claim was damaged and whose ref file was gone
+    vanished from the listing, so ``ls`` and ``verify`` said nothing and gc deleted all it held."""
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "x").write_bytes(b"one")
+    store.add("exp", folder)
+    (folder / "x").write_bytes(b"two")
+    store.add("exp", folder)
+    store.add("other", folder)
+    before = object_hexes(store.root)
+    logs = [p for p in (store.root / "refs" / "log" / "heads").iterdir() if (p / "name").read_text() == "exp"]
+    newest = max((p for p in logs[0].iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    newest.unlink()
+    newest.symlink_to("garbage")
+    (store.root / "refs" / "heads" / "exp").unlink()
+
+    with pytest.raises(StoreFormatError, match="head 'exp' cannot be read"):
+        store.plan_gc(grace=0)
+    with pytest.raises(StoreFormatError, match="head 'exp' cannot be read"):
+        store.plan_limit(0, grace=0)
+    assert object_hexes(store.root) == before  # nothing deleted
+    report = store.verify()
+    assert not report.ok and len(report.damaged_refs) == 1 and "head 'exp'" in report.damaged_refs[0]
+    assert "BADREF" in report.summary()
+    with caplog.at_level("WARNING"):
+        assert [n.name for n in store.names()] == ["other"]  # the rest is listed ...
+    assert "head 'exp' is not listed" in caplog.text  # ... and the damaged one is said
 
 
 def test_expired_versions_beyond_a_missing_kept_version(store: casstore.Store) -> None:

@@ -115,6 +115,9 @@ class VerifyReport:
     upstream: Tuple[Digest, ...] = ()
     """Objects a pin or head needs that are not here but are on the store's upstream (read-through
     fetches each on first read, e.g. after ``pull --lazy``): not damage, neither missing nor lost."""
+    damaged_refs: Tuple[str, ...] = ()
+    """Heads and pins whose ref cannot be read (``head 'exp': claim ... is damaged; ...``): what
+    they hold is unknown, so gc refuses to run until each is fixed or removed as the line says."""
     provenance: Tuple[str, ...] = ()
     """Malformed or unreadable derive provenance records of pins and current heads (what gc warns
     about; it keeps nothing extra for them).  Not damage by itself: ``ok`` does not depend on it."""
@@ -122,7 +125,7 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         """No corrupt, missing or orphaned entries (stale staging files are housekeeping, not damage)."""
-        return not (self.corrupt or self.missing or self.orphaned or self.unreadable)
+        return not (self.corrupt or self.missing or self.orphaned or self.unreadable or self.damaged_refs)
 
     def summary(self) -> str:
         """A few lines for humans, naming each problem and what to do."""
@@ -136,6 +139,8 @@ class VerifyReport:
             lines.append(f"MISSING  {d}: {self.details.get(d, '')}")
         for d in self.unreadable:
             lines.append(f"BADMANIF {d}: {self.details.get(d, '')}")
+        for r in self.damaged_refs:
+            lines.append(f"BADREF   {r}")
         for p in self.orphaned:
             lines.append(f"STRAY    {p}: not an object; casstore never reads it")
         for p in self.stale_tmp:
@@ -168,6 +173,7 @@ class VerifyReport:
             "orphaned": [str(p) for p in self.orphaned],
             "stale_tmp": [str(p) for p in self.stale_tmp],
             "unreadable": [str(d) for d in self.unreadable],
+            "damaged_refs": list(self.damaged_refs),
             "details": {str(k): v for k, v in self.details.items()},
             "lost": {str(k): list(v) for k, v in self.lost.items()},
             "quarantined": [str(p) for p in self.quarantined],
@@ -356,8 +362,11 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
     g = Graph(objects)
     seen_versions: Set[Digest] = set()
     walked_nodes: Set[bytes] = set()
+    damaged_refs: List[str] = []
     for kind in ("pins", "heads"):
-        for name, d in store.refs.list(kind).items():
+        listing = store.refs.scan(kind)
+        damaged_refs += [f"{kind[:-1]} {name!r}: {why}" for name, why in listing.damaged.items()]
+        for name, d in listing.refs.items():
             label = f"{kind[:-1]} {name!r}"
             cur: Optional[Digest] = d
             depth = 0
@@ -505,6 +514,7 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
         details=MappingProxyType({Digest(h): v for h, v in details.items() if h in shown}),
         lost=MappingProxyType(lost),
         quarantined=tuple(quarantined),
+        damaged_refs=tuple(damaged_refs),
         provenance=provenance,
         upstream=tuple(Digest(h) for h in sorted(remote_h) if h not in good),
         removed_tmp=tuple(removed),

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Dict, Optional
 
 from ..digest import Digest
+from ..errors import StoreFormatError
 
-__all__ = ["Ref", "RefStore", "KINDS"]
+__all__ = ["Ref", "RefListing", "RefStore", "KINDS"]
 
 KINDS = ("heads", "pins")
 
@@ -32,6 +33,22 @@ class Ref:
     digest: Digest
     token: str
     """Opaque: ``<log position>:<hex>`` for local refs, the ETag for S3 refs."""
+
+
+@dataclass(frozen=True, slots=True)
+class RefListing:
+    """Every ref of a kind as listed: the readable ones, and the damaged ones with what is wrong.
+
+    Hazard: a damaged ref (a claim or ref file that holds no digest) names a version nobody can
+    know.  Dropped from a listing, its name vanished from ``ls`` and ``verify``, and gc collected
+    everything it held; so a listing never drops one silently: :meth:`RefStore.list` raises,
+    and callers that can go on without it (``ls``, ``verify``, usage) read it here and report it.
+    """
+
+    refs: Dict[str, Digest]
+    """Name -> digest of every readable ref, sorted by name."""
+    damaged: Dict[str, str]
+    """Name -> the reader's message (what is wrong and what to do) of every damaged ref, sorted by name."""
 
 
 class RefStore(ABC):
@@ -47,8 +64,21 @@ class RefStore(ABC):
         (``None``: only if it does not exist).  ``False`` when another writer won."""
 
     @abstractmethod
+    def scan(self, kind: str) -> RefListing:
+        """Every ref of a kind: the readable ones and the damaged ones (never dropped; see :class:`RefListing`)."""
+
     def list(self, kind: str) -> Dict[str, Digest]:
-        """Every ref of a kind, name -> digest, sorted by name."""
+        """Every ref of a kind, name -> digest, sorted by name.
+
+        :class:`StoreFormatError` if any is damaged: what a damaged ref holds is unknown, so no
+        caller that acts on every ref (gc's roots, a push of everything) may go on without it.
+        """
+        got = self.scan(kind)
+        if got.damaged:
+            name, why = next(iter(got.damaged.items()))
+            more = f" (and {len(got.damaged) - 1} more damaged {kind})" if len(got.damaged) > 1 else ""
+            raise StoreFormatError(f"{kind[:-1]} {name!r} cannot be read{more}: {why}")
+        return got.refs
 
     def get(self, kind: str, name: str) -> Optional[Digest]:
         """The digest a ref points at, or ``None``."""

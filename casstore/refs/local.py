@@ -96,7 +96,10 @@ Hazards first, then how each is met:
   file is told apart by ``_blocked``.  That check runs before a new name's
   first claim, so a name that could never get a ref file is not claimed.
 * Listing walks the directory iteratively (no recursion limit): one odd name
-  can never break ``heads``, gc, verify or usage for everyone.
+  (a file that is not a valid name: not a ref casstore wrote) can never break
+  ``heads``, gc, verify or usage for everyone.  A valid name whose ref cannot
+  be read is the opposite case: it is listed as damaged, never dropped
+  (:class:`~casstore.refs.base.RefListing`), or gc would collect what it holds.
 """
 
 from __future__ import annotations
@@ -115,7 +118,7 @@ from .._lock import DEFAULT_TIMEOUT, FileLock
 from .._paths import MAX_KEY_BYTES, MAX_SEGMENTS, validate_key
 from ..digest import Digest, new_hasher
 from ..errors import InvalidDigestError, InvalidInputError, InvalidTypeError, StoreFormatError
-from .base import KINDS, Ref, RefStore
+from .base import KINDS, Ref, RefListing, RefStore
 
 __all__ = ["LocalRefs", "validate_name", "LOG"]
 
@@ -460,11 +463,13 @@ _PRUNE_RETRIES = 16
 remove of the last name there, so a writer that loses 16 times in a row is not expected)."""
 
 
-def _list_refs(root: Path, kind: str) -> Dict[str, Digest]:
-    """All refs of a kind, name -> digest, sorted by name: ref files resolved along their logs,
-    and names whose log has claims but no ref file (a crash before a first ref write)."""
+def _list_refs(root: Path, kind: str) -> RefListing:
+    """All refs of a kind, sorted by name: ref files resolved along their logs, and names whose log
+    has claims but no ref file (a crash before a first ref write); a valid name whose ref or newest
+    claim is damaged is listed as damaged, never dropped (:class:`RefListing`)."""
     base = root / (HEADS if kind == "heads" else PINS)
     out: Dict[str, Digest] = {}
+    damaged: Dict[str, str] = {}
     seen: Set[str] = set()
     todo: List[str] = [""]  # an explicit stack: deep names cannot hit a recursion limit
     while todo:
@@ -483,20 +488,25 @@ def _list_refs(root: Path, kind: str) -> Dict[str, Digest]:
                 continue
             try:
                 name = validate_name(name)
-                seen.add(_name_hash(name))
-                d = _resolve(root, kind, name).digest
-            except (InvalidInputError, InvalidTypeError, StoreFormatError):
+            except (InvalidInputError, InvalidTypeError):
                 continue  # not a ref casstore wrote (verify reports stray files)
+            seen.add(_name_hash(name))
+            try:
+                d = _resolve(root, kind, name).digest
+            except StoreFormatError as e:
+                damaged[name] = str(e)
+                continue
             if d is not None:
                 out[name] = d
     for name in _unlisted(root, kind, seen):
         try:
             d = _resolve(root, kind, name).digest
-        except StoreFormatError:
+        except StoreFormatError as e:
+            damaged[name] = str(e)
             continue
         if d is not None:
             out[name] = d
-    return dict(sorted(out.items()))
+    return RefListing(dict(sorted(out.items())), dict(sorted(damaged.items())))
 
 
 def _unlisted(root: Path, kind: str, seen: Set[str]) -> List[str]:
@@ -675,8 +685,8 @@ class LocalRefs(RefStore):
         with self.lock(name, timeout=timeout):
             return self.swap(kind, name, new, expected)
 
-    def list(self, kind: str) -> Dict[str, Digest]:
-        """Every ref of a kind, name -> digest, sorted by name."""
+    def scan(self, kind: str) -> RefListing:
+        """Every ref of a kind, readable and damaged (:class:`RefListing`)."""
         return _list_refs(self.root, _kind(kind))
 
     def __repr__(self) -> str:

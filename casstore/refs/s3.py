@@ -21,13 +21,13 @@ compare-and-swap looks unchanged, as a local ref does: both compare contents.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 from .._layout import REFS
 from ..digest import Digest
 from ..errors import CasstoreError, InvalidDigestError, InvalidInputError, StoreFormatError
 from ..objects.s3 import S3Connection
-from .base import KINDS, Ref, RefStore
+from .base import KINDS, Ref, RefListing, RefStore
 from .local import validate_name
 
 __all__ = ["S3Refs"]
@@ -104,19 +104,28 @@ class S3Refs(RefStore):
                 continue  # not a ref casstore wrote (another tool's key, or a hostile one)
         return sorted(out)
 
-    def list(self, kind: str) -> Dict[str, Digest]:
-        """Every ref of a kind, name -> digest, sorted by name (read in parallel)."""
+    def scan(self, kind: str) -> RefListing:
+        """Every ref of a kind, readable and damaged (:class:`RefListing`; read in parallel)."""
         names = self.names(kind)
         if not names:
-            return {}
+            return RefListing({}, {})
+
+        def one(name: str) -> Union[Optional[Ref], str]:
+            try:
+                return self.read(kind, name)
+            except StoreFormatError as e:
+                return str(e)
+
         out: Dict[str, Digest] = {}
+        damaged: Dict[str, str] = {}
         with ThreadPoolExecutor(min(self.connection.workers, len(names)), thread_name_prefix="casstore-refs") as ex:
-            got: List[Tuple[str, Optional[Ref]]] = list(zip(names, ex.map(lambda n: self.read(kind, n), names),
-                                                            strict=True))
+            got: List[Tuple[str, Union[Optional[Ref], str]]] = list(zip(names, ex.map(one, names), strict=True))
         for name, ref in got:
-            if ref is not None:  # deleted since the listing
+            if isinstance(ref, str):
+                damaged[name] = ref
+            elif ref is not None:  # (None: deleted since the listing)
                 out[name] = ref.digest
-        return out
+        return RefListing(out, damaged)
 
     def __repr__(self) -> str:
         return f"S3Refs('s3://{self.connection.bucket}/{self.prefix}')"
