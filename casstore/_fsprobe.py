@@ -264,7 +264,12 @@ def _run(d: Path, st_dev: int) -> FsInfo:
             posix = _lock_check(a, b, "posix")
         finally:
             os.close(b)
-        os.write(a, b"casstore filesystem probe\n")
+        try:
+            os.write(a, b"casstore filesystem probe\n")
+        except OSError:
+            # Hazard: a full disk (ENOSPC, EDQUOT) failed the probe, and with it opening the store, so
+            # not even a read worked.  The link and clone checks below need no data.
+            pass
         link = Path(f"{base}.link")
         try:
             os.link(base, link)

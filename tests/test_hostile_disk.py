@@ -17,6 +17,7 @@ import errno
 import io
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -99,6 +100,35 @@ def test_full_disk_is_one_typed_error_and_nothing_half_published(method: str, sm
     filler.unlink()
     PUTS[method](s, src, big)
     assert s.verify().ok
+
+
+def test_a_full_disk_still_serves_every_read_from_a_new_process(small_fs: Path) -> None:
+    """Hazard (found by a bug hunt): the filesystem probe a new process runs when it opens a store
+    wrote a line unguarded, so on a full disk every command failed, reads included ("ls failed
+    unexpectedly: No space left on device")."""
+    root = small_fs / "store"
+    s = casstore.open(root)
+    d = s.put(b"kept bytes")
+    with s.edit("exp") as m:
+        m["k"] = d
+    _fill(small_fs, 0)
+    with pytest.raises(OSError) as full:
+        with open(small_fs / "more", "wb") as f:
+            f.write(b"\0" * (1 << 20))
+    assert full.value.errno == errno.ENOSPC
+
+    def cli(*args: str, data: bytes = b"") -> "subprocess.CompletedProcess[bytes]":
+        return subprocess.run([sys.executable, "-m", "casstore", "--store", str(root), *args], input=data,
+                              capture_output=True, timeout=120)
+
+    got = cli("get", str(d))
+    assert got.returncode == 0 and got.stdout == b"kept bytes", got.stderr
+    got = cli("ls")
+    assert got.returncode == 0 and b"exp" in got.stdout, got.stderr
+    got = cli("verify")
+    assert got.returncode == 0, got.stdout + got.stderr
+    got = cli("put", "-", data=os.urandom(1 << 20))  # a write: the typed error, not "failed unexpectedly"
+    assert got.returncode == 1 and b"DiskFullError" in got.stderr and b"unexpectedly" not in got.stderr, got.stderr
 
 
 def test_full_disk_during_a_manifest_commit_leaves_the_head_unchanged(small_fs: Path) -> None:
