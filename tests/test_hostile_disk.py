@@ -131,6 +131,19 @@ def test_a_full_disk_still_serves_every_read_from_a_new_process(small_fs: Path) 
     assert got.returncode == 1 and b"DiskFullError" in got.stderr and b"unexpectedly" not in got.stderr, got.stderr
 
 
+def test_get_onto_a_full_disk_is_the_typed_error_and_leaves_no_part_file(small_fs: Path, tmp_path: Path) -> None:
+    """Found by a bug hunt: ``get -o`` onto a full disk or ``/dev/full`` said "get failed unexpectedly"."""
+    s = casstore.open(tmp_path / "store")
+    d = s.put(os.urandom(3 << 20))
+    _fill(small_fs, 0)
+    for out in (str(small_fs / "out.bin"), "/dev/full"):
+        got = subprocess.run([sys.executable, "-m", "casstore", "--store", str(s.root), "get", str(d), "-o", out],
+                             capture_output=True, timeout=120)
+        assert got.returncode == 1, got.stderr
+        assert b"DiskFullError" in got.stderr and f"-o {out}".encode() in got.stderr, got.stderr
+    assert sorted(p.name for p in small_fs.iterdir()) == ["filler"]  # no output, no .part file
+
+
 def test_full_disk_during_a_manifest_commit_leaves_the_head_unchanged(small_fs: Path) -> None:
     root = small_fs / "store"
     s = casstore.open(root)

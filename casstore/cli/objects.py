@@ -18,7 +18,14 @@ from .._layout import CONFIG_FILE
 from .._progress import Progress, human_bytes
 from ..codecs import normalize_compress
 from ..digest import Digest
-from ..errors import CasstoreError, InvalidInputError, ObjectNotFoundError, ReadOnlyError, StoreFormatError
+from ..errors import (
+    CasstoreError,
+    DiskFullError,
+    InvalidInputError,
+    ObjectNotFoundError,
+    ReadOnlyError,
+    StoreFormatError,
+)
 from ..store import Store, open_store
 from .common import Add, UnusedParser, compress_arg, open_from_args, resolve_digest, workers_arg
 
@@ -144,7 +151,34 @@ def _output_error(out: Path, e: OSError) -> Union[OSError, CasstoreError]:
         return ReadOnlyError(msg)
     if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG, errno.ELOOP):
         return InvalidInputError(msg)
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFullError(f"{msg}; free space and run get again", e.errno)
     return OSError(e.errno, e.strerror, str(out))
+
+
+def _copy_out(src: _Reader, o: BinaryIO, out: Path) -> None:
+    """``src`` into ``o``, then close ``o``; a failed write or flush (a full disk, ``/dev/full``) is
+    :func:`_output_error`'s typed error naming ``-o FILE`` (a failed read keeps its own error: a
+    damaged object is not the output's fault)."""
+    try:
+        while True:
+            chunk = src.read(1 << 20)
+            if not chunk:
+                break
+            try:
+                o.write(chunk)
+            except OSError as e:
+                raise _output_error(out, e) from e
+    except BaseException:
+        try:
+            o.close()
+        except OSError:
+            pass  # the first error is the one to report
+        raise
+    try:
+        o.close()
+    except OSError as e:
+        raise _output_error(out, e) from e
 
 
 def _write_output(src: _Reader, output: str) -> None:
@@ -171,8 +205,7 @@ def _write_output(src: _Reader, output: str) -> None:
             o = open(out, "wb")
         except OSError as e:
             raise _output_error(out, e) from e
-        with o:
-            shutil.copyfileobj(src, o, 1 << 20)
+        _copy_out(src, o, out)
         return
     if lst is not None:
         mode = stat.S_IMODE(lst.st_mode)  # replacing a file: keep its permissions
@@ -188,8 +221,7 @@ def _write_output(src: _Reader, output: str) -> None:
         raise _output_error(out, e) from e
     try:
         os.fchmod(fd, mode)  # mkstemp makes 0600; a new output gets what any new file would
-        with os.fdopen(fd, "wb") as o:
-            shutil.copyfileobj(src, o, 1 << 20)
+        _copy_out(src, os.fdopen(fd, "wb"), out)
         os.replace(tmp, out)
     except BaseException:
         os.unlink(tmp)
