@@ -31,6 +31,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable, Generic, List, Optional, Protocol, Tuple, Type, TypeVar
 
+from .errors import StoreFormatError
+
 __all__ = [
     "seek_target",
     "stamp_floor_ns",
@@ -47,6 +49,8 @@ __all__ = [
     "read_whole_reused",
     "copy_range",
     "makedirs",
+    "refuse_planted_links",
+    "refuse_links_between",
     "copy_exact",
     "read_up_to",
     "fresh_bytes",
@@ -591,6 +595,51 @@ def run_beside(fn: Callable[[], T], name: str = "casstore-helper") -> Beside[T]:
     return Beside(fn, name)
 
 
+def _planted(p: Path) -> StoreFormatError:
+    return StoreFormatError(
+        f"{p} is a symbolic link: a store never writes through a link inside itself (one planted there "
+        "sends writes outside the store); remove the link, then run `casstore verify`"
+    )
+
+
+def refuse_links_between(directory: Path, root: Path) -> None:
+    """Refuse a symbolic link at ``directory`` or any directory between it and ``root`` (exclusive).
+
+    Hazard (docs/security.md: members of a shared store can plant links): ``objects/8e`` replaced
+    by a link to elsewhere made ``rename`` publish objects outside the store, and a put still said
+    it stored them.  An ``lstat`` per directory (two for an object: ~2 us); a link swapped in
+    between this check and the rename is not caught.  Directories outside ``root`` are not checked.
+    """
+    top = os.fspath(root)
+    p = directory
+    while True:
+        s = os.fspath(p)
+        if len(s) <= len(top) or not s.startswith(top) or s[len(top)] != os.sep:
+            return
+        try:
+            if stat_mod.S_ISLNK(os.lstat(p).st_mode):
+                raise _planted(p)
+        except FileNotFoundError:
+            pass  # made by the caller on the way (never through a link: makedirs checks lexists)
+        p = p.parent
+
+
+def refuse_planted_links(root: Path, fixed: Tuple[str, ...]) -> None:
+    """:class:`StoreFormatError` if any directory ``fixed`` (relative to ``root``: ``_layout.FIXED_DIRS``)
+    of the store at ``root`` is a symbolic link.
+
+    Run when a store is opened (~16 ``lstat``: 20-30 us): a link at ``locks``, ``bad``, ``tmp`` or
+    ``refs/heads`` would send lock files, quarantined objects, staging files or refs outside the store.
+    """
+    for rel in fixed:
+        p = root / rel
+        try:
+            if stat_mod.S_ISLNK(os.lstat(p).st_mode):
+                raise _planted(p)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+
+
 class Staging:
     """A temp file in ``tmpdir``, unique to this process, published by rename.
 
@@ -665,6 +714,7 @@ class Staging:
             finally:
                 os.close(self.fd)
                 self.fd = -1
+            refuse_links_between(dest.parent, self.path.parent.parent)
             try:
                 os.rename(self.path, dest)
             except FileNotFoundError:

@@ -16,7 +16,7 @@ from .errors import InvalidDigestError
 
 __all__ = [
     "FORMAT_VERSION", "CONFIG_FILE", "REMOTES_FILE", "OBJECTS", "REFS", "HEADS", "PINS", "LOCKS", "TMP", "BAD",
-    "SUBDIRS",
+    "SUBDIRS", "FIXED_DIRS",
     "object_relpath", "object_path", "parse_object_name", "object_key", "parse_object_key", "is_fanout",
 ]
 
@@ -32,6 +32,10 @@ TMP = "tmp"
 BAD = "bad"
 
 SUBDIRS = (OBJECTS, HEADS, PINS, LOCKS, TMP)
+
+FIXED_DIRS = (OBJECTS, TMP, REFS, HEADS, PINS, "refs/log", "refs/log/heads", "refs/log/pins", LOCKS, "locks/names",
+              BAD, "state", "cache", "cache/stat", "cache/hashed", "cache/checkout")
+"""Every directory of a store at a fixed place: none may be a symbolic link (``_fs.refuse_planted_links``)."""
 
 _HEX = frozenset("0123456789abcdef")
 

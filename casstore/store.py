@@ -30,8 +30,8 @@ from typing import (
 )
 
 from . import codecs
-from ._fs import fsync_dir, sweep_stale, write_file_atomic
-from ._layout import CONFIG_FILE, REMOTES_FILE, SUBDIRS, TMP
+from ._fs import fsync_dir, refuse_planted_links, sweep_stale, write_file_atomic
+from ._layout import CONFIG_FILE, FIXED_DIRS, REMOTES_FILE, SUBDIRS, TMP
 from ._lock import Filesystem, configure, filesystem
 from .codecs import CompressArg
 from .config import StoreConfig
@@ -120,6 +120,7 @@ class Store:
             ))
         self.config = _load_config(self.root)
         """The settings fixed when the store was created (``store.toml``)."""
+        refuse_planted_links(self.root, FIXED_DIRS)
         default: CompressArg = compress if compress is not None else (
             self.config.level if self.config.compression == codecs.ZSTD.name else None)
         self.durable: bool = self.config.durable if durable is None else durable

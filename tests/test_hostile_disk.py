@@ -117,7 +117,7 @@ def test_a_full_disk_still_serves_every_read_from_a_new_process(small_fs: Path) 
             f.write(b"\0" * (1 << 20))
     assert full.value.errno == errno.ENOSPC
 
-    def cli(*args: str, data: bytes = b"") -> "subprocess.CompletedProcess[bytes]":
+    def cli(*args: str, data: bytes = b"") -> subprocess.CompletedProcess[bytes]:
         return subprocess.run([sys.executable, "-m", "casstore", "--store", str(root), *args], input=data,
                               capture_output=True, timeout=120)
 
@@ -190,7 +190,7 @@ def test_read_only_mount_refuses_writes_and_serves_every_read(small_fs: Path, tm
     assert (out / "data/packed.txt").read_bytes() == compressible(200_000)
     assert ro.verify().ok
     for write in (lambda: ro.put(b"new"), lambda: ro.put_path(out / "data/raw.bin"),
-                  lambda: ro.pin("other", "exp")):
+                  lambda: ro.pin("other", "exp"), lambda: ro.verify(repair=True)):
         with pytest.raises(ReadOnlyError):
             write()
     with pytest.raises(ReadOnlyError):

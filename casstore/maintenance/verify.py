@@ -60,6 +60,7 @@ from ..errors import (
     InvalidInputError,
     InvalidTypeError,
     ObjectNotFoundError,
+    ReadOnlyError,
     StoreFormatError,
 )
 from ..manifests.graph import Graph, compute_live, version_refs
@@ -346,6 +347,9 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
     if workers < 1:
         raise InvalidInputError(f"workers must be at least 1, not {workers}")
     recheck = parse_duration(recheck_after, "recheck_after")
+    if repair and not store.writable:  # (found by a bug hunt: "verify failed unexpectedly: Read-only file system")
+        raise ReadOnlyError(f"{store.root} cannot be written here (a read-only mount, or another user's store): "
+                            "repair moves and removes files; run verify without repair to see what is damaged")
     t0 = time.monotonic()
     now = time.time()
     root = store.root

@@ -112,7 +112,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
-from .._fs import Staging, fsync_dir, makedirs, write_file_atomic
+from .._fs import Staging, fsync_dir, makedirs, refuse_links_between, write_file_atomic
 from .._layout import HEADS, LOCKS, PINS, REFS, TMP
 from .._lock import DEFAULT_TIMEOUT, FileLock
 from .._paths import MAX_KEY_BYTES, MAX_SEGMENTS, validate_key
@@ -348,6 +348,7 @@ def _claim(root: Path, kind: str, name: str, pos: int, value: Optional[Digest], 
     ``False`` when another writer claimed it first.
     """
     ld = _log_dir(root, kind, name)
+    refuse_links_between(ld, root)  # a planted link at the log would take the claim outside the store
     text = _REMOVED if value is None else str(value)
     path = ld / str(pos)
     for attempt in range(2):
@@ -420,6 +421,7 @@ def _check_ref_dir(root: Path, kind: str, name: str, durable: bool) -> None:
             raise InvalidInputError(f"name {name!r} is a prefix of other names ({p} is a directory); choose another")
         try:
             makedirs(p.parent, durable)  # new dirs: setgid mode copied, entries fsynced when durable
+            refuse_links_between(p.parent, root)  # before any claim: a link at a prefix leads outside
             return
         except (FileExistsError, NotADirectoryError, FileNotFoundError):
             if _blocked(root, kind, p) or attempt == _PRUNE_RETRIES - 1:
@@ -465,8 +467,8 @@ remove of the last name there, so a writer that loses 16 times in a row is not e
 
 def _list_refs(root: Path, kind: str) -> RefListing:
     """All refs of a kind, sorted by name: ref files resolved along their logs, and names whose log
-    has claims but no ref file (a crash before a first ref write); a valid name whose ref or newest
-    claim is damaged is listed as damaged, never dropped (:class:`RefListing`)."""
+    has claims but no ref file (a crash before a first ref write); a name with a log whose ref or
+    newest claim is damaged is listed as damaged, never dropped (:class:`RefListing`)."""
     base = root / (HEADS if kind == "heads" else PINS)
     out: Dict[str, Digest] = {}
     damaged: Dict[str, str] = {}
@@ -494,7 +496,10 @@ def _list_refs(root: Path, kind: str) -> RefListing:
             try:
                 d = _resolve(root, kind, name).digest
             except StoreFormatError as e:
-                damaged[name] = str(e)
+                # A name casstore claimed (it has a log) is damaged; a file with no log behind it was
+                # planted (a FIFO, a link, junk: test_hostile_names), not a ref: verify reports it.
+                if os.path.isdir(_log_dir(root, kind, name)):
+                    damaged[name] = str(e)
                 continue
             if d is not None:
                 out[name] = d
@@ -618,9 +623,10 @@ class LocalRefs(RefStore):
             return True
         try:
             _write_ref(root, kind, name, new, pos, durable=durable and not st.cached)
-        except InvalidInputError:
-            # A name that is a prefix of this one (or has it as a prefix) appeared since the check:
-            # take the claim back (removed), so the log never holds a name no listing can show.
+        except (InvalidInputError, StoreFormatError):
+            # A name that is a prefix of this one (or has it as a prefix), or a planted link, appeared
+            # since the check: take the claim back (removed), so the log never holds a name no
+            # listing can show.
             _claim(root, kind, name, pos + 1, None, durable)
             raise
         return True
