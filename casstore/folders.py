@@ -14,7 +14,13 @@ docs/folders.md for the user's view.
   file whose name is not a valid key (a newline, a backslash, bytes that are
   not UTF-8) is refused with :class:`InvalidInputError` naming it *before*
   anything is stored or committed -- silently leaving a file out of a
-  snapshot would be worse; ``exclude`` leaves it out on purpose.
+  snapshot would be worse; ``exclude`` leaves it out on purpose.  ``status``
+  refuses them the same way (it says what ``add`` would do).
+* **Refusals come first**: the name (:func:`_addable_head`: what ``edit`` would
+  refuse), the folder being the store or inside it (:func:`_store_id`), and a
+  path this user may not read (:func:`_denied`; never skipped: the version would
+  delete its files) are reported before anything is stored; an unreadable file
+  is found when it is read, before anything is committed.
 * **Consistency**: each file is stored by ``put_path``, which hashes the
   staged copy (so the digest names exactly the stored bytes), and the file's
   stat is compared before and after the copy.  A file whose stat changed is
@@ -53,7 +59,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, NamedTuple
 import msgpack
 
 from ._faults import fault
-from ._fs import read_small_file, stamp_floor_ns, write_file_atomic
+from ._fs import makedirs, read_small_file, stamp_floor_ns, write_file_atomic
 from ._fsprobe import RACY_SECONDS, fine_local_stamps
 from ._layout import TMP, object_path
 from ._paths import key_problem
@@ -62,13 +68,15 @@ from .codecs import RAW
 from .digest import Digest, hash_bytes, hash_fd
 from .errors import (
     FileChangedError,
+    FrozenError,
     IntegrityError,
     InvalidInputError,
     InvalidTypeError,
     ManifestNotFoundError,
 )
-from .manifests import Manifest
+from .manifests import Manifest, check_new_name
 from .objects import StagedObject
+from .refs import validate_name
 
 if TYPE_CHECKING:
     from .store import Store
@@ -184,6 +192,13 @@ def _patterns(exclude: Optional[Iterable[str]]) -> Tuple[str, ...]:
             raise InvalidTypeError(f"exclude patterns are glob strings, not {type(g).__name__}")
         if not g:
             raise InvalidInputError("an exclude pattern is empty")
+        try:
+            g.encode("utf-8")  # (kept in the stat cache and clean mark, which are UTF-8 msgpack)
+        except UnicodeEncodeError:
+            raise InvalidInputError(
+                f"the exclude pattern {g!r} is not valid UTF-8 (bytes of another encoding, as a command line "
+                "passes them); match such names with wildcards instead: '?' for each byte that is not UTF-8, "
+                "or '*'") from None
         out.append(g)
     return tuple(out)
 
@@ -196,6 +211,34 @@ def _excluded(rel: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(rel, g) or any(fnmatch.fnmatchcase(s, g) for s in segs) for g in patterns)
 
 
+_DENIED = (errno.EACCES, errno.EPERM)
+
+
+class _Unreadable(Exception):
+    """A path under the folder that this user may not read (see :func:`_denied`)."""
+
+    def __init__(self, rel: str, what: str) -> None:
+        super().__init__(rel, what)
+        self.rel = rel
+        """The relative POSIX path ("" for the folder itself)."""
+        self.what = what
+        """What it is, as the user would say it."""
+
+
+def _denied(folder: Path, e: _Unreadable, done: str) -> InvalidInputError:
+    """The typed error for an unreadable path, naming it and what to do.
+
+    Hazard: a subfolder the walk could not open was taken for one "replaced by a non-directory
+    during the walk" and left out, so the new version deleted every file under it; an unreadable
+    file was a bare ``PermissionError`` naming only its last segment.  Refusing is the only
+    safe answer (a version is the folder); leaving it out is the user's call (``exclude``).
+    """
+    where = folder / e.rel if e.rel else folder
+    leave = f" or leave it out with exclude=[...] (the pattern {e.rel!r})" if e.rel else ""
+    return InvalidInputError(f"cannot read {str(where)!r}, {e.what}: permission denied; give this user "
+                             f"read access to it (chmod, chown){leave}; {done}")
+
+
 def _open_root(folder: Path) -> int:
     # The folder itself may be a symlink: the user named it.  Nothing under it is followed.
     try:
@@ -205,6 +248,8 @@ def _open_root(folder: Path) -> int:
     except NotADirectoryError:
         raise InvalidInputError(f"{folder} is not a directory; add snapshots a folder (put_path stores a file)") \
             from None
+    except PermissionError:
+        raise _Unreadable("", "the folder itself (or a folder above it that this user may not enter)") from None
 
 
 def _special(mode: int) -> str:
@@ -232,6 +277,9 @@ def _scan(fd: int, prefix: str, patterns: Sequence[str], files: List[_File], ski
             st = e.stat(follow_symlinks=False)
         except FileNotFoundError:  # removed since listed
             continue
+        except PermissionError:  # a folder we may list but not enter (read without execute permission)
+            raise _Unreadable(prefix[:-1], "a folder this user may list but not enter (no execute permission)") \
+                from None
         mode = st.st_mode
         if mode & 0o170000 == stat_mod.S_IFREG:
             add(new(_File, (rel, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))))
@@ -264,11 +312,16 @@ def _walk(root_fd: int, patterns: Sequence[str], avoid: Tuple[int, int]) -> Tupl
             rel = prefix + name
             try:
                 child = os.open(name, _DIR, dir_fd=fd)
-            except FileNotFoundError:
-                continue
-            except OSError:  # ELOOP/ENOTDIR: a symlink or file swapped in since the scan
-                skipped.append(Skipped(rel, "replaced by a non-directory during the walk"))
-                continue
+            except OSError as e:
+                if e.errno == errno.ENOENT:  # removed since the scan
+                    continue
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):  # a symlink or file swapped in since the scan
+                    skipped.append(Skipped(rel, "replaced by a non-directory during the walk"))
+                    continue
+                # Anything else is no reason to leave the folder out: the version would delete its files.
+                if e.errno in _DENIED:
+                    raise _Unreadable(rel, "a folder this user may not open") from None
+                raise
             try:
                 subs = _scan(child, rel + "/", patterns, files, skipped, avoid)
             except BaseException:
@@ -300,19 +353,34 @@ def _open_file(root_fd: int, key: str) -> int:
             os.close(fd)
 
 
-def _store_id(store: Store) -> Tuple[int, int]:
+def _store_id(store: Store, folder: Path, real: str, root_fd: int) -> Tuple[int, int]:
+    """The store's (device, inode), for the walk to leave out; refuse a folder that is the store or in it.
+
+    Hazard: ``add(name, store.root)`` snapshotted the store into itself (``objects/...``,
+    ``store.toml``): the walk only looked for the store among subfolders.  (A store inside the
+    folder is left out by the walk: docs/folders.md.)
+    """
     st = os.stat(store.root)
+    me = os.fstat(root_fd)
+    inside = (me.st_dev, me.st_ino) == (st.st_dev, st.st_ino)
+    if not inside:
+        top = os.path.realpath(store.root)
+        inside = real == top or real.startswith(top.rstrip("/") + "/")
+    if inside:
+        raise InvalidInputError(
+            f"{str(folder)!r} is the casstore store at {str(store.root)!r} or a folder inside it; a store is "
+            "never snapshotted into itself: give the folder of your files")
     return (st.st_dev, st.st_ino)
 
 
-def _check_keys(files: Sequence[_File]) -> None:
+def _check_keys(files: Sequence[_File], done: str) -> None:
     bad = [(f.key, p) for f in files for p in (key_problem(f.key),) if p is not None]
     if bad:
         shown = "; ".join(f"{k!r:.120}: {p}" for k, p in bad[:5])
         more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
         raise InvalidInputError(
             f"{len(bad)} file name(s) cannot be manifest keys{more}: {shown}; rename them or leave them out "
-            "with exclude=[...] (nothing was stored)"
+            f"with exclude=[...] ({done})"
         )
 
 
@@ -510,7 +578,9 @@ def _unpack_row(rows: bytes, i: int) -> StatKey:
 def _write_cache(store: Store, path: Path, doc: Mapping[str, Any]) -> None:
     """Write a stat cache or clean mark: temp file + rename, not durable (it is a cache)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        # (makedirs: in a shared store a new cache/stat copies its setgid parent's group-writable mode;
+        # a plain mkdir made it the first user's alone, and every other member lost the cache)
+        makedirs(path.parent)
         write_file_atomic(store.root / TMP, path, msgpack.packb(doc, use_bin_type=True), durable=False, mode=0o644)
     except OSError as e:  # a read-only store still answers; it just reads or compares again next time
         log.debug("%s not written: %s", path, e)
@@ -612,6 +682,8 @@ def _read_one(store: Store, root_fd: int, key: str, keep: bool
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):  # replaced by a symlink, or removed
             raise FileNotFoundError(e.errno, f"{key} is gone") from None
+        if e.errno in _DENIED:
+            raise _Unreadable(key, "a file this user may not read") from None
         raise
     try:
         for attempt in range(ATTEMPTS):
@@ -848,17 +920,20 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
     if meta is not None and not isinstance(meta, Mapping):
         raise InvalidTypeError(f"meta must be a mapping, not {type(meta).__name__}")
     patterns = _patterns(exclude)
+    head = _addable_head(store, name)  # before any file is read or stored
     real, cache_path = _cache_path(store, path)
     mark = _CleanMark(store, real, cache_path)
     delta: Optional[_Delta] = None
     vouched: Set[str] = set()  # with a delta: keys left as the head has them (and as cached)
     changed: List[_File] = []  # with a delta: files of the head whose bytes are read and stored anew
     was: Dict[str, Tuple[StatKey, Digest]] = {}  # with a delta: what the cache had for the changed files
-    root_fd = _open_root(path)
+    try:
+        root_fd = _open_root(path)
+    except _Unreadable as e:
+        raise _denied(path, e, "nothing was stored") from None
     floor = stamp_floor_ns()  # before the walk's stats (see _racy)
     try:
-        files, skipped = _walk(root_fd, patterns, _store_id(store))
-        head = _unfrozen_head(store, name)
+        files, skipped = _walk(root_fd, patterns, _store_id(store, path, real, root_fd))
         if head is not None and meta is None and mark.matches(head.digest, patterns, files):
             # The folder is the head, file for file: no new version, and nothing to read or lock
             # (a message alone does not make a version; see below).
@@ -870,7 +945,7 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
         if head is not None and cache.vouches(head.digest, patterns):
             # Only what changed since the head is read, and the head's entries are not listed.
             delta = _delta(files, cache)
-            _check_keys(delta.added)  # before anything is stored (the others are the head's keys)
+            _check_keys(delta.added, "nothing was stored")  # (the others are the head's keys)
             was = {f.key: cache.entry(f.key) for f in delta.changed}  # V's (the reads replace them)
             vouched = set(delta.unchanged)
             # A file recorded racy (mtime -1: see _StatCache.save) and of its old size most likely
@@ -891,9 +966,11 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
                                                          keep=True, progress=progress, desc="add")
             hashed, nbytes, steady = hashed + n_read, nbytes + n_bytes, steady and steady_
         else:
-            _check_keys(files)  # before anything is stored
+            _check_keys(files, "nothing was stored")  # before anything is stored
             digests, hashed, nbytes, steady = _digests(store, root_fd, files, cache, keep=True,
                                                        progress=progress, desc="add")
+    except _Unreadable as e:  # (from the walk, before anything was stored, or from a read)
+        raise _denied(path, e, "nothing was committed") from None
     finally:
         os.close(root_fd)
     fault("folders.before_commit")  # every new object is published and durable by now
@@ -962,10 +1039,13 @@ def folder_status(store: Store, name: str, folder: object, *, version: Optional[
         base = None  # nothing added yet: every file is new
     real, cache_path = _cache_path(store, path)
     mark = _CleanMark(store, real, cache_path)
-    root_fd = _open_root(path)
+    try:
+        root_fd = _open_root(path)
+    except _Unreadable as e:
+        raise _denied(path, e, "status cannot compare it") from None
     floor = stamp_floor_ns()  # before the walk's stats (see _racy)
     try:
-        files, skipped = _walk(root_fd, patterns, _store_id(store))
+        files, skipped = _walk(root_fd, patterns, _store_id(store, path, real, root_fd))
         if base is not None and mark.matches(base.digest, patterns, files):
             # Every file as it was when the folder was last found equal to this version.
             return FolderStatus((), (), (), tuple(f.key for f in files), tuple(skipped), base.digest, 0)
@@ -974,6 +1054,7 @@ def folder_status(store: Store, name: str, folder: object, *, version: Optional[
             # Cost grows with what changed: only files with a new stat are read, and the version's
             # entries are not listed.  The cache is left as it is (it still vouches for the version).
             delta = _delta(files, cache)
+            _check_keys(delta.added, "add refuses them too")  # (the others are the version's keys)
             need = {f.key: cache.entry(f.key)[0][2] for f in delta.changed}
             scratch = _StatCache(store, real, cache_path, load=False)
             digests, hashed, _, steady = _digests(store, root_fd, delta.changed, scratch, keep=False,
@@ -994,8 +1075,12 @@ def folder_status(store: Store, name: str, folder: object, *, version: Optional[
         entries = list(base.entries.items()) if base is not None else []
         old = {k: e.digest for k, e in entries}
         sizes = {k: e.size for k, e in entries if e.size is not None}
+        # Hazard: a name that is not UTF-8 crashed the stat cache's save (msgpack); status says what add would.
+        _check_keys(files, "add refuses them too")
         digests, hashed, _, steady = _digests(store, root_fd, files, cache, keep=False, progress=progress,
                                               desc="status", need=sizes)
+    except _Unreadable as e:
+        raise _denied(path, e, "status cannot compare it") from None
     finally:
         os.close(root_fd)
     keys = {f.key for f in files}
@@ -1014,12 +1099,23 @@ def folder_status(store: Store, name: str, folder: object, *, version: Optional[
                         base.digest if base is not None else None, hashed)
 
 
-def _unfrozen_head(store: Store, name: str) -> Optional[Manifest]:
-    """``name``'s head, or None if it has none or is a pin (then ``edit`` must decide and say why)."""
+def _addable_head(store: Store, name: object) -> Optional[Manifest]:
+    """``name``'s head (``None``: a new name), or the error the commit's ``edit`` would raise.
+
+    Hazard: an add to a name that can take no version (invalid, ``x~1``, a pin) copied the whole
+    folder into the store durably and only then did ``edit`` refuse it.  The same checks as
+    ``edit``'s, without its lock: ``edit`` checks again under the lock at the commit (a name
+    frozen meanwhile is still refused there).
+    """
+    checked = validate_name(name)
+    if store.refs.get("pins", checked) is not None:
+        raise FrozenError(f"{checked!r} is frozen (a pin) and can never change; add to a new name, "
+                          f"e.g. store.add({checked + '-v2'!r}, ...); nothing was stored")
+    head = store.refs.get("heads", checked)  # a name, not a target: "x~1" is no head to add to
+    if head is None:
+        check_new_name(checked)
+        return None
     try:
-        if store.refs.get("pins", name) is not None:
-            return None
-        head = store.refs.get("heads", name)  # a name, not a target: "x~1" is no head to add to
-        return store.manifest(head) if head is not None else None
-    except (ManifestNotFoundError, InvalidInputError):
+        return store.manifest(head)
+    except ManifestNotFoundError:
         return None

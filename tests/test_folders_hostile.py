@@ -1,0 +1,304 @@
+"""store.add / store.status on hostile folders: unreadable paths, names that cannot take a version,
+file names and exclude patterns that are not UTF-8, shared stores, the store itself (docs/folders.md).
+
+File modes bind only a process without the DAC capabilities, and CI runs the suite as root: a
+permission test runs its casstore calls in a child started by util-linux's ``setpriv`` with
+``CAP_DAC_OVERRIDE``, ``CAP_DAC_READ_SEARCH`` and ``CAP_FOWNER`` dropped (as another user it could
+not read root's interpreter).  Run as another user, the child is simply started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+from conftest import PRELOAD, PYTHON, REPO, b3, run_py
+
+import casstore
+from casstore import folders
+from casstore._shared import DIR_MODE
+from casstore.cli.app import main
+
+SETPRIV = shutil.which("setpriv")
+_NO_DAC = "-dac_override,-dac_read_search,-fowner"
+
+
+def make_tree(root: Path, files: Dict[str, bytes]) -> None:
+    for key, data in files.items():
+        p = root / key
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+
+
+def _unprivileged_prefix() -> List[str]:
+    """The command prefix that makes file modes bind a child (nothing when we are not root)."""
+    if os.geteuid() != 0:
+        return []
+    if SETPRIV is None:
+        pytest.skip("running as root without util-linux's setpriv: no way to make file modes bind a child")
+    cmd = [SETPRIV, f"--bounding-set={_NO_DAC}", f"--inh-caps={_NO_DAC}"]
+    probe = subprocess.run([*cmd, "true"], capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:  # (a container's root without CAP_SETPCAP cannot shrink its bounding set)
+        pytest.skip(f"setpriv cannot drop capabilities here: {probe.stderr.strip()}")
+    return cmd
+
+
+# The child's casstore calls: each returns what happened as JSON (the error's type and message).
+CHILD = """
+import contextlib, io, json, sys
+import casstore
+from casstore.cli.app import main
+
+store = casstore.open(sys.argv[1])
+folder = sys.argv[2]
+out = {}
+
+def attempt(label, fn):
+    try:
+        fn()
+        out[label] = {"ok": True}
+    except Exception as e:
+        out[label] = {"ok": False, "type": type(e).__name__, "msg": str(e),
+                      "typed": isinstance(e, casstore.CasstoreError)}
+
+attempt("add", lambda: store.add("exp", folder))
+attempt("status", lambda: store.status("exp", folder))
+err = io.StringIO()
+with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    rc = main(["--store", sys.argv[1], "add", "exp", folder])
+out["cli"] = {"rc": rc, "err": err.getvalue()}
+print("RESULT " + json.dumps(out))
+"""
+
+
+def run_unprivileged(store: casstore.Store, folder: Path) -> Dict[str, Any]:
+    r = subprocess.run([*_unprivileged_prefix(), PYTHON, "-c", CHILD, str(store.root), str(folder)],
+                       capture_output=True, text=True, timeout=120, cwd=REPO)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert line, r.stdout + r.stderr
+    result: Dict[str, Any] = json.loads(line[-1][len("RESULT "):])
+    return result
+
+
+def _refused(got: Dict[str, Any], *needles: str, excludable: bool = True) -> None:
+    """``add`` and ``status`` raised a typed InvalidInputError naming ``needles`` and what to do (fix the
+    permissions, or ``exclude`` the path when it is under the folder); the CLI said so plainly."""
+    for op in ("add", "status"):
+        r = got[op]
+        assert not r["ok"] and r["typed"] and r["type"] == "InvalidInputError", (op, r)
+        for n in needles:
+            assert n in r["msg"], (op, n, r["msg"])
+        assert "permission denied" in r["msg"] and "chmod" in r["msg"], (op, r["msg"])
+        assert ("exclude=[...]" in r["msg"]) == excludable, (op, r["msg"])
+    cli = got["cli"]
+    assert cli["rc"] == 1 and "failed unexpectedly" not in cli["err"] and "permission denied" in cli["err"], cli
+    assert ("--exclude GLOB" in cli["err"]) == excludable, cli
+
+
+@pytest.mark.parametrize("mode", [0o000, 0o400, 0o100], ids=["no-access", "list-only", "enter-only"])
+def test_unreadable_subfolder_is_refused_not_deleted(store: casstore.Store, tmp_path: Path, mode: int) -> None:
+    # Hazard: the walk took EACCES on a subfolder for "replaced by a non-directory during the
+    # walk", skipped it, and the new version deleted every file under it.
+    f = tmp_path / "f"
+    make_tree(f, {"a": b"a", "locked/c": b"c", "locked/deeper/d": b"d"})
+    first = store.add("exp", f).digest
+    (f / "new").write_bytes(b"new bytes, never to be stored")
+    os.chmod(f / "locked", mode)
+    try:
+        got = run_unprivileged(store, f)
+    finally:
+        os.chmod(f / "locked", 0o755)
+    _refused(got, repr(str(f / "locked")), "'locked'")
+    assert store.heads()["exp"] == first  # no version without locked/c
+    assert not store.objects.has(casstore.Digest.coerce(b3(b"new bytes, never to be stored")))
+    # Left out on purpose, it is a deletion the user asked for.
+    os.chmod(f / "locked", mode)
+    try:
+        r = store.add("exp", f, exclude=["locked"])
+    finally:
+        os.chmod(f / "locked", 0o755)
+    assert r.deleted == ("locked/c", "locked/deeper/d")
+
+
+def test_unreadable_folder_itself_is_refused(store: casstore.Store, tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    make_tree(f, {"a": b"a"})
+    os.chmod(f, 0o000)
+    try:
+        got = run_unprivileged(store, f)
+    finally:
+        os.chmod(f, 0o755)
+    _refused(got, repr(str(f)), excludable=False)
+    assert "exp" not in store.heads()
+
+
+def test_unreadable_file_is_a_typed_error_naming_it(store: casstore.Store, tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    make_tree(f, {"a": b"a", "sub/secret": b"s"})
+    first = store.add("exp", f).digest
+    (f / "sub/secret").write_bytes(b"t")  # (the same size: status must read it to compare)
+    os.chmod(f / "sub/secret", 0o000)
+    (f / "new").write_bytes(b"new, readable")
+    got = run_unprivileged(store, f)
+    _refused(got, "'sub/secret'", str(f / "sub" / "secret"))
+    assert store.heads()["exp"] == first
+
+
+def test_add_to_a_name_that_cannot_take_a_version_stores_nothing(store: casstore.Store, tmp_path: Path) -> None:
+    # Hazard: add copied the whole folder into the store durably, then the edit refused the name.
+    f = tmp_path / "f"
+    make_tree(f, {"a": b"a"})
+    store.add("frozen", f)
+    store.freeze("frozen")
+    big = os.urandom(1 << 20)
+    (f / "big").write_bytes(big)
+    digest = casstore.Digest.coerce(b3(big))
+    for name, err in (("bad~1", casstore.InvalidInputError), ("y@ab", casstore.InvalidInputError),
+                      ("", casstore.InvalidInputError), ("a//b", casstore.InvalidInputError),
+                      ("c:d", casstore.InvalidInputError), ("frozen", casstore.FrozenError)):
+        with pytest.raises(err) as ei:
+            store.add(name, f)
+        assert repr(name) in str(ei.value)
+        assert not store.objects.has(digest), name
+    assert set(store.heads()) == set()  # (the frozen name is a pin)
+    with pytest.raises(casstore.InvalidTypeError):
+        store.add(3, f)  # type: ignore[arg-type]
+
+
+def test_status_refuses_names_that_are_not_utf8_as_add_does(store: casstore.Store, tmp_path: Path) -> None:
+    # Hazard: status crashed writing its stat cache (UnicodeEncodeError from msgpack).
+    f = tmp_path / "f"
+    make_tree(f, {"ok": b"ok"})
+    store.add("exp", f)
+    make_tree(f, {"ok2": b"ok2"})
+    store.add("exp", f)  # (a cache vouching for the head: the delta path; exp~1 is compared in full)
+    with open(os.fsencode(f) + b"/bad\xff", "wb") as fh:
+        fh.write(b"x")
+    (f / "sub").mkdir()
+    with open(os.fsencode(f) + b"/sub/also\xfe", "wb") as fh:
+        fh.write(b"y")
+    for ver in (None, "exp~1"):  # against the head (delta) and against another version (in full)
+        with pytest.raises(casstore.InvalidInputError) as ei:
+            store.status("exp", f, version=ver)
+        assert "2 file name(s)" in str(ei.value) and "'bad\\udcff'" in str(ei.value) and "exclude" in str(ei.value)
+    with pytest.raises(casstore.InvalidInputError) as ei2:
+        store.status("new", f)  # no version yet
+    assert "'sub/also\\udcfe'" in str(ei2.value)
+    with pytest.raises(casstore.InvalidInputError):
+        store.add("exp", f)
+    st = store.status("exp", f, exclude=["bad?", "also*"])
+    assert not st and st.unchanged == ("ok", "ok2")
+    assert not store.add("exp", f, exclude=["bad?", "also*"]).created
+
+
+def test_exclude_pattern_that_is_not_utf8_is_a_typed_error(store: casstore.Store, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "f"
+    make_tree(f, {"ok": b"ok"})
+    store.add("exp", f)
+    bad = os.fsdecode(b"bad\xff")  # what the command line gives for those bytes
+    for op in (lambda: store.add("exp", f, exclude=[bad]), lambda: store.status("exp", f, exclude=[bad])):
+        with pytest.raises(casstore.InvalidInputError) as ei:
+            op()
+        assert repr(bad) in str(ei.value) and "UTF-8" in str(ei.value)
+    for cmd in ("add", "status"):
+        assert main(["--store", str(store.root), cmd, "exp", str(f), "--exclude", bad]) == 1
+        err = capsys.readouterr().err
+        assert "failed unexpectedly" not in err and "UTF-8" in err
+
+
+GID, UID = 4321, 4322
+
+SECOND_MEMBER = PRELOAD + """
+import json, os, sys, time
+os.setgroups([{gid}])
+os.setgid({gid})
+os.setuid({uid})
+os.umask(0o022)
+store = casstore.open(sys.argv[1])
+f = sys.argv[2]
+from casstore._fsprobe import RACY_SECONDS, fine_local_stamps
+for k in ("a", "b"):
+    with open(os.path.join(f, k), "w") as fh:
+        fh.write(k + " of the second member")
+st = os.stat(os.path.join(f, "b"))
+time.sleep(0.1 if fine_local_stamps(st.st_dev, st.st_ctime_ns) else RACY_SECONDS + 0.1)  # (settled: not racy)
+out = {{"first": store.add("mine", f).hashed}}
+out["again"] = store.add("mine", f).hashed
+out["status"] = store.status("mine", f).hashed
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a second member of the store's group")
+def test_shared_store_stat_cache_works_for_every_member(world_dir: Path) -> None:
+    # Hazard: cache/stat was made by Path.mkdir (0o2755, the first user's): the other members'
+    # caches and clean marks were never written, and every status read every file.
+    root = world_dir / "team"
+    root.mkdir()
+    os.chown(root, -1, GID)
+    old = os.umask(0o022)
+    try:
+        store = casstore.open(root, shared=True)
+        f = world_dir / "root-folder"
+        make_tree(f, {"x": b"x"})
+        store.add("theirs", f)
+    finally:
+        os.umask(old)
+    st = os.stat(root / folders.CACHE_DIR)
+    assert stat.S_IMODE(st.st_mode) == DIR_MODE and st.st_gid == GID
+    member = world_dir / "member"  # the second member's own folder
+    member.mkdir()
+    os.chown(member, UID, GID)
+    r = run_py(textwrap.dedent(SECOND_MEMBER.format(gid=GID, uid=UID)), str(root), str(member))
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert line, r.stdout + r.stderr
+    got = json.loads(line[-1][len("RESULT "):])
+    assert got == {"first": 2, "again": 0, "status": 0}
+
+
+@pytest.mark.xfail(strict=True, reason="casstore/manifests/checkout.py (_Record.save) makes cache/ with a plain "
+                   "mkdir (0o2755): remove this mark when it uses casstore._fs.makedirs")
+def test_shared_stat_cache_dir_after_a_checkout_made_cache(world_dir: Path) -> None:
+    # A checkout's record made <store>/cache first: makedirs copies that parent's mode.
+    root = world_dir / "team"
+    root.mkdir()
+    old = os.umask(0o022)
+    try:
+        store = casstore.open(root, shared=True)
+        with store.edit("n") as m:
+            m["k"] = store.put(b"k")
+        store.checkout("n", world_dir / "out")
+        f = world_dir / "f"
+        make_tree(f, {"x": b"x"})
+        store.add("x", f)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(root / folders.CACHE_DIR).st_mode) == DIR_MODE
+
+
+def test_the_store_itself_or_a_folder_inside_it_is_refused(store: casstore.Store, tmp_path: Path) -> None:
+    # Hazard: add('x', store.root) snapshotted the store into itself (objects/..., store.toml).
+    store.put(b"an object")
+    for folder in (store.root, store.root / "objects", store.root / "refs"):
+        for op in (store.add, store.status):
+            with pytest.raises(casstore.InvalidInputError) as ei:
+                op("x", folder)
+            assert "store" in str(ei.value) and str(store.root) in str(ei.value)
+    link = tmp_path / "link-to-store"
+    os.symlink(store.root, link)
+    with pytest.raises(casstore.InvalidInputError):
+        store.add("x", link)
+    assert "x" not in store.heads()
+    # A store inside the folder is still left out (docs/folders.md), not refused.
+    f = tmp_path / "f"
+    make_tree(f, {"data": b"d"})
+    inner = casstore.open(f / ".casstore")
+    assert [s.path for s in inner.add("self", f).skipped] == [".casstore"]
