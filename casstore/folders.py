@@ -250,6 +250,10 @@ def _open_root(folder: Path) -> int:
             from None
     except PermissionError:
         raise _Unreadable("", "the folder itself (or a folder above it that this user may not enter)") from None
+    except OSError as e:
+        if e.errno in (errno.ENAMETOOLONG, errno.ELOOP):  # a path no folder can have, a loop of links
+            raise InvalidInputError(f"cannot open the folder {str(folder)[:200]!r}: {e.strerror}") from None
+        raise
 
 
 def _special(mode: int) -> str:
@@ -876,8 +880,8 @@ def _folder(folder: object) -> Path:
 
 
 def _warn(skipped: Sequence[Skipped], folder: Path) -> None:
-    for s in skipped:
-        log.warning("%s: skipped %s: %s", folder, s.path, s.reason)
+    for s in skipped:  # (a name from disk may hold an escape sequence: never raw to a terminal)
+        log.warning("%s: skipped %s: %s", folder, s.path if s.path.isprintable() else repr(s.path), s.reason)
 
 
 class _Delta(NamedTuple):

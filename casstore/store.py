@@ -10,6 +10,7 @@ return type.
 
 from __future__ import annotations
 
+import errno
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -36,7 +37,14 @@ from ._lock import Filesystem, configure, filesystem
 from .codecs import CompressArg
 from .config import StoreConfig
 from .digest import Digest
-from .errors import InvalidInputError, InvalidTypeError, ReadOnlyError, StoreFormatError
+from .errors import (
+    CasstoreError,
+    DiskFullError,
+    InvalidInputError,
+    InvalidTypeError,
+    ReadOnlyError,
+    StoreFormatError,
+)
 from .folders import AddResult, FolderStatus, add_folder, folder_status
 from .manifests import CheckedOut, Diff, EditTransaction, Manifest, NameInfo, list_names, read_manifest
 from .manifests import checkout as checkout_version
@@ -96,6 +104,14 @@ def _as_path(p: object, what: str = "store path") -> Path:
     return Path(os.path.expanduser(raw)).absolute()
 
 
+def _exists(p: Path) -> bool:
+    """``p.exists()``; a path no file can have (ENAMETOOLONG, a loop) does not exist rather than raise."""
+    try:
+        return p.exists()
+    except OSError:
+        return False
+
+
 class Store:
     """A content-addressed store rooted at a local directory.
 
@@ -110,7 +126,7 @@ class Store:
                  upstream: Union[None, bool, str, Remote] = None) -> None:
         self.root = _as_path(root)
         """The store directory."""
-        if create and not (self.root / CONFIG_FILE).exists():
+        if create and not _exists(self.root / CONFIG_FILE):
             level = codecs.normalize_compress(compress, codecs.DEFAULT_LEVEL)
             self._init_layout(StoreConfig(
                 compression="zstd" if level else "raw",
@@ -219,6 +235,29 @@ class Store:
     # -- creation ---------------------------------------------------------
 
     def _init_layout(self, cfg: StoreConfig) -> None:
+        try:
+            self._make_layout(cfg)
+        except CasstoreError:
+            raise
+        except OSError as e:
+            # Found by a bug hunt: each of these was "init failed unexpectedly".
+            root = self.root
+            if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise ReadOnlyError(f"cannot create a store at {root}: {e.strerror}") from None
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFullError(f"cannot create a store at {root}: {e.strerror}; free space first",
+                                    e.errno) from None
+            why = {errno.ENOTDIR: "a part of the path is a file, not a directory",
+                   errno.EEXIST: "it is a symbolic link to a missing directory, or a file",
+                   errno.ENAMETOOLONG: "the path is longer than the filesystem allows",
+                   errno.ELOOP: "the path is a loop of symbolic links",
+                   errno.ENOENT: "no directory can be made there"}.get(e.errno or 0)
+            if why is None:
+                raise
+            raise InvalidInputError(f"cannot create a store at {str(root)[:300]!r}: {why}; choose another "
+                                    "directory") from None
+
+    def _make_layout(self, cfg: StoreConfig) -> None:
         root = self.root
         if root.exists():
             if not root.is_dir():

@@ -528,6 +528,58 @@ def _cli_error(capsys: pytest.CaptureFixture[str], kind: str, *args: str) -> str
     return err
 
 
+def test_empty_and_impossible_arguments_are_one_line_errors(tmp_path: Path) -> None:
+    """Found by a bug hunt: each of these was a traceback-free but untyped "failed unexpectedly", or worse
+    (``--store ""`` used and made the default store; ``-o ""`` wrote binary to stdout)."""
+    store = tmp_path / "s"
+    _ok(cli(tmp_path, "init", str(store)))
+    d = _ok(cli(tmp_path, "--store", str(store), "put", "-", stdin=b"bytes")).split()[0]
+    (tmp_path / "a.txt").write_bytes(b"x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    long_name = "z" * 300
+    long_path = "/".join(["d" * 200] * 25)
+    cases = [
+        (["--store", "", "ls"], "InvalidInputError", "--store is empty"),
+        (["ls", "--store", ""], "InvalidInputError", "--store is empty"),
+        (["--store", str(store), "get", ""], "InvalidInputError", "empty OBJECT"),
+        (["--store", str(store), "get", d, "-o", ""], "InvalidInputError", "-o is empty"),
+        (["init", ""], "InvalidInputError", "empty argument"),
+        (["init", str(tmp_path / "a.txt" / "sub")], "InvalidInputError", "a part of the path is a file"),
+        (["init", str(tmp_path / "dangling")], "InvalidInputError", "symbolic link to a missing directory"),
+        (["init", str(tmp_path / long_name)], "InvalidInputError", "longer than the filesystem allows"),
+        (["--store", str(tmp_path / long_name), "ls"], "StoreFormatError", "no casstore store there"),
+        (["--store", long_path, "ls"], "StoreFormatError", "no casstore store there"),
+        (["--store", str(store), "add", "n", str(tmp_path / long_name)], "InvalidInputError", "cannot open the folder"),
+    ]
+    for args, kind, words in cases:
+        err = _one_line_error(cli(tmp_path, *args), kind)
+        assert words in err, (args, err)
+    assert not (tmp_path / "home" / ".cache").exists()  # no default store was made
+
+
+def test_names_from_disk_never_reach_the_terminal_raw(tmp_path: Path) -> None:
+    """Found by a bug hunt: a file name or metadata key holding an escape sequence or a newline was
+    printed raw (it could clear the screen or forge a line such as "deleted   a")."""
+    store = tmp_path / "s"
+    _ok(cli(tmp_path, "init", str(store)))
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "a").write_bytes(b"a")
+    evil = "x\x1b[2J\x1b[31mFAKE"
+    (folder / evil).symlink_to("/etc/passwd")  # skipped (a link), and named in the output
+    for args in (["add", "n", str(folder), "--meta", "k\x1b[31m=v"], ["status", "n", str(folder)],
+                 ["manifest", "show", "n"]):
+        r = cli(tmp_path, "--store", str(store), *args)
+        assert r.returncode == 0, r.stderr
+        assert b"\x1b" not in r.stdout + r.stderr, (args, r.stdout, r.stderr)
+    out = _ok(cli(tmp_path, "--store", str(store), "manifest", "show", "n"))
+    assert "meta 'k\\x1b[31m' = 'v'" in out
+    (folder / "evil\ndeleted   a").write_bytes(b"z")
+    r = cli(tmp_path, "--store", str(store), "status", "n", str(folder))
+    err = _one_line_error(r, "InvalidInputError")  # refused as add refuses it, in CLI words
+    assert "--exclude GLOB" in err and b"\ndeleted" not in r.stdout
+
+
 def test_rm_and_mv_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = str(tmp_path / "s")
     s = casstore.open(store)

@@ -27,6 +27,8 @@ from ..errors import (
 from ..store import Store, open_store
 
 __all__ = [
+    "printable",
+    "path_exists",
     "Command",
     "Add",
     "Action",
@@ -137,13 +139,26 @@ def open_from_args(args: argparse.Namespace, *, create: bool = True) -> Store:
     with a hint, so a typo (``--store /data/sotre``) never silently starts a new,
     empty store beside the real one.
     """
-    if getattr(args, "store", None):
-        root = Path(args.store).expanduser()
-        if not (root / CONFIG_FILE).exists():
+    given: Optional[str] = getattr(args, "store", None)
+    if given == "":
+        # Hazard: `--store "$UNSET"` used (and made) the default store, not the one meant.
+        raise InvalidInputError("--store is empty (an unset variable?): give the store's directory, "
+                                "or leave --store out to use the default store")
+    if given:
+        root = Path(given).expanduser()
+        if not path_exists(root / CONFIG_FILE):
             raise StoreFormatError(f"--store {args.store}: no casstore store there; create one with "
                                    f"`casstore init {args.store}` (or omit --store to use the default store)")
         return open_store(root, create=False)
     return open_store(default_store_dir(), create=create)
+
+
+def path_exists(p: Path) -> bool:
+    """``p.exists()``, and False for a path no file can have (ENAMETOOLONG, a loop) instead of raising."""
+    try:
+        return p.exists()
+    except OSError:
+        return False
 
 
 def add_global_options(parser: argparse.ArgumentParser) -> None:
@@ -167,6 +182,8 @@ def resolve_digest(store: Store, value: str) -> Digest:
     looks like a path) says so: "malformed digest" would mislead a user who typed
     ``casstore get model.bin``.
     """
+    if not value:  # ("" would be read as the file ".")
+        raise InvalidInputError("an empty OBJECT: give a digest, a unique digest prefix or NAME:KEY")
     try:
         return store.resolve(value)
     except InvalidDigestError as e:
@@ -284,6 +301,15 @@ def seconds_arg(value: str) -> float:
     if not math.isfinite(s) or s < 0:
         raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {value!r}")
     return s
+
+
+def printable(text: str) -> str:
+    """``text`` as it may reach a terminal: itself, or its ``repr`` when it holds control characters.
+
+    Hazard: file names, keys and metadata come from disk and other users; printed raw, an escape
+    sequence rewrote the terminal and a newline forged a line of output ("deleted   a").
+    """
+    return text if text.isprintable() and text else repr(text)
 
 
 def jsonable(value: object) -> object:

@@ -12,7 +12,7 @@ from typing import Dict, List, Tuple
 
 from ..errors import FileChangedError, FrozenError, InvalidInputError
 from ..folders import Skipped
-from .common import Add, open_from_args
+from .common import Add, open_from_args, printable
 
 __all__ = ["register"]
 
@@ -59,15 +59,18 @@ def cmd_add(args: argparse.Namespace) -> int:
     else:
         print(f"{args.name} unchanged at {r.digest}  ({len(r.manifest)} files; no new version)")
     for s in r.skipped:
-        print(f"skipped {s.path}: {s.reason}")
+        print(f"skipped {printable(s.path)}: {s.reason}")
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """``casstore status NAME DIR [--version NAME~N] [--exclude GLOB ...] [--json]``."""
     store = open_from_args(args, create=False)
-    st = store.status(args.name, args.dir, version=args.version, exclude=args.exclude,
-                      progress=None if not args.json else False)
+    try:
+        st = store.status(args.name, args.dir, version=args.version, exclude=args.exclude,
+                          progress=None if not args.json else False)
+    except InvalidInputError as e:
+        raise InvalidInputError(_cli_hint(e)) from None
     if args.json:
         print(json.dumps({"name": args.name, "version": str(st.version) if st.version else None,
                           "added": list(st.added), "modified": list(st.modified), "deleted": list(st.deleted),
@@ -75,9 +78,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     for label, keys in (("added", st.added), ("modified", st.modified), ("deleted", st.deleted)):
         for k in keys:
-            print(f"{label:9} {k}")
+            print(f"{label:9} {printable(k)}")
     for s in st.skipped:
-        print(f"skipped   {s.path}: {s.reason}")
+        print(f"skipped   {printable(s.path)}: {s.reason}")
     if not st:
         print(f"clean: {len(st.unchanged)} file(s) unchanged")
     return 0

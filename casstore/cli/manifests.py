@@ -30,7 +30,7 @@ from ..manifests import Manifest, MetaDiff, is_internal
 from ..manifests.ops import same_meta
 from ..manifests.provenance import INPUTS_KEY
 from ..store import Store
-from .common import Add, add_actions, count_arg, jsonable, open_from_args, seconds_arg
+from .common import Add, add_actions, count_arg, jsonable, open_from_args, printable, seconds_arg
 
 if TYPE_CHECKING:
     from .. import Entry
@@ -61,7 +61,7 @@ def cmd_manifest_show(args: argparse.Namespace) -> int:
     label = args.target if man.name and args.target != man.name else (man.name or "-")  # exp~2, exp@9f2c
     print(f"{label}  {man.digest}  [{state}]  {len(man)} entries")
     for k, v in man.meta.items():
-        print(f"  meta {k} = {v!r}")
+        print(f"  meta {printable(k)} = {v!r}")
     for k in man:
         e = man[k]
         size = "?" if e.size is None else human_bytes(e.size)
@@ -211,10 +211,6 @@ def _show_input(value: object) -> str:
     return _show(value)
 
 
-def _seg(key: str) -> str:
-    return key if key.isprintable() and key else repr(key)  # hostile keys never reach the terminal raw
-
-
 _GONE = object()
 
 
@@ -240,7 +236,7 @@ def _meta_lines(label: str, md: MetaDiff, skip: Tuple[Tuple[str, ...], ...] = ()
     for path, x, y in changes:
         if any(path[:len(s)] == s for s in skip):
             continue
-        where = ".".join(_seg(p) for p in path)
+        where = ".".join(printable(p) for p in path)
         if x is _GONE:
             lines.append(f"{label} + {where} = {show(y)}")
         elif y is _GONE:
@@ -360,10 +356,10 @@ def _log_lines(doc: Mapping[str, Any]) -> List[str]:
     if ch is None or "added_keys" not in ch:  # one line per version unless --keys
         return lines
     if [k for k in ch["meta"] if k != "message"]:
-        lines.append("    meta: " + ", ".join(_seg(k) for k in ch["meta"] if k != "message"))
+        lines.append("    meta: " + ", ".join(printable(k) for k in ch["meta"] if k != "message"))
     for label, sign in (("added", "+"), ("modified", "~"), ("removed", "-")):
         for k in ch.get(f"{label}_keys", ()):
-            lines.append(f"    {sign} {_seg(k)}")
+            lines.append(f"    {sign} {printable(k)}")
         if ch.get(f"{label}_more"):
             lines.append(f"    {sign} ... {ch[f'{label}_more']} more")
     return lines

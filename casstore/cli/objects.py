@@ -27,7 +27,7 @@ from ..errors import (
     StoreFormatError,
 )
 from ..store import Store, open_store
-from .common import Add, UnusedParser, compress_arg, open_from_args, resolve_digest, workers_arg
+from .common import Add, UnusedParser, compress_arg, open_from_args, path_exists, resolve_digest, workers_arg
 
 __all__ = ["register"]
 
@@ -40,8 +40,10 @@ def cmd_init(args: argparse.Namespace) -> int:
         raise InvalidInputError("init needs a directory: `casstore init DIR` (or `casstore --store DIR init`)")
     target = args.dir if args.dir is not None else store_opt
     assert target is not None
+    if not target:
+        raise InvalidInputError("init needs a directory, not an empty argument (an unset variable?)")
     root = Path(target).expanduser()
-    existed = (root / CONFIG_FILE).exists()
+    existed = path_exists(root / CONFIG_FILE)
     if existed:
         store = open_store(root, create=False)
         _check_same_options(args, store)
@@ -277,6 +279,8 @@ def cmd_get(args: argparse.Namespace) -> int:
     be ``NAME:KEY`` (:func:`~casstore.cli.common.resolve_digest`)."""
     store = open_from_args(args, create=False)
     d = resolve_digest(store, args.digest)
+    if args.output == "":  # (was: the bytes went to stdout, past the refusal to write binary to a terminal)
+        raise InvalidInputError("-o is empty: give a file to write, or - for stdout")
     to_file = bool(args.output and args.output != "-")
     # A bar (on a terminal's stderr only) when the bytes go to a file; never beside bytes going to a
     # terminal or a pager, whose screen it would garble.
