@@ -8,9 +8,12 @@ bad disk would, to show that what the record vouches for is exactly what was has
 
 from __future__ import annotations
 
+import errno
 import importlib
 import io
+import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -250,3 +253,95 @@ def test_a_large_directory_is_linked_in_a_few_jobs_and_errors_come_in_key_order(
     linked = {p.relative_to(out).as_posix() for p in (out / "big").iterdir()}
     assert linked == set(files) - {"big/f150.bin", "big/f060.bin"}  # every other key, whole
     assert all((out / k).read_bytes() == files[k] and (out / k).stat().st_nlink >= 2 for k in linked)
+
+
+def _version(store: casstore.Store, name: str, files: Dict[str, bytes]) -> None:
+    with store.edit(name) as m:
+        for k in list(m):
+            del m[k]
+        for k, data in files.items():
+            m[k] = store.put(data)
+
+
+@pytest.mark.parametrize("link", ["hardlink", "symlink"])
+def test_a_linked_file_stays_casstores_when_its_object_is_put_again(store: casstore.Store, tmp_path: Path,
+                                                                    link: str) -> None:
+    # A hard link IS the object's inode: a re-put of the same bytes (touch: utime for gc's grace period)
+    # moves its mtime and ctime.  Whether it is still casstore's is its identity with the object.
+    out = tmp_path / "out"
+    _version(store, "n", {"a": b"a1", "b": b"b1", "same": b"s"})
+    store.checkout("n", out, link=link)
+    time.sleep(0.02)  # a later timestamp tick than the checkout's
+    for data in (b"a1", b"b1", b"s"):
+        store.put(data)  # touches the object file
+    assert store.checkout("n", out, link=link, sync=True) == []  # all in place, and still recorded
+    _version(store, "n", {"a": b"a2", "same": b"s"})
+    done = store.checkout("n", out, link=link, sync=True)  # no "exists with other content" for 'a'
+    assert done.removed == ("b",) and done.kept == ()
+    assert (out / "a").read_bytes() == b"a2" and not (out / "b").exists()
+    time.sleep(0.02)
+    store.put(b"s")
+    _version(store, "n", {"a": b"a2"})
+    assert store.checkout("n", out, link=link, sync=True).removed == ("same",)
+
+
+def test_a_hard_link_is_never_casstores_once_it_is_not_the_object(store: casstore.Store, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _version(store, "n", {"a": b"a1", "b": b"b1"})
+    store.checkout("n", out, link="hardlink")
+    (out / "b").unlink()
+    (out / "b").write_bytes(b"b1")  # the same bytes, but the user's own file now
+    os.chmod(out / "b", 0o444)
+    _version(store, "n", {"a": b"a1"})
+    done = store.checkout("n", out, link="hardlink", sync=True)
+    assert done.removed == () and done.kept == ("b",)
+
+
+def _fill_links(obj: Path, where: Path) -> int:
+    """Hard-link ``obj`` into ``where`` until the filesystem refuses (EMLINK); remove one; the limit,
+    or 0 if there is none below 70,000 here (XFS, btrfs, tmpfs)."""
+    where.mkdir()
+    fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i in range(70_000):
+            try:
+                os.link(obj, str(i), dst_dir_fd=fd)
+            except OSError as e:
+                if e.errno != errno.EMLINK:
+                    raise
+                os.unlink("0", dir_fd=fd)
+                return i + 1
+    finally:
+        os.close(fd)
+    return 0
+
+
+def test_an_object_with_the_most_links_the_filesystem_allows_is_copied(store: casstore.Store, tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    # ext4 allows 65,000 links to one inode: a folder of 65,001 empty files (one object) ended in
+    # "must be on one filesystem that allows links", and so did every later hard-link checkout of it.
+    d = store.put(b"linked too often")
+    links = tmp_path / "links"
+    try:
+        if not _fill_links(store.objects.path(d), links):
+            pytest.skip("no link limit below 70,000 on this filesystem")
+        files = {"a": b"linked too often", "b": b"linked too often", "c": b"linked too often", "x": b"other"}
+        _version(store, "n", files)
+        out = tmp_path / "out"
+        with caplog.at_level(logging.WARNING):
+            written = store.checkout("n", out, link="hardlink")
+        assert len(written) == 4 and _tree(out) == files
+        assert "copied" in caplog.text and "too many links" in caplog.text.lower()
+        obj = os.stat(store.objects.path(d))
+        got = {k: os.stat(out / k) for k in files}
+        assert (got["a"].st_dev, got["a"].st_ino) == (obj.st_dev, obj.st_ino)  # the last link there was
+        for k in ("b", "c"):  # copies, whole and independent of the store
+            assert got[k].st_ino != obj.st_ino and not (out / k).is_symlink()
+        assert got["x"].st_nlink >= 2
+        assert store.checkout("n", tmp_path / "again", link="hardlink") and _tree(tmp_path / "again") == files
+        # Recorded as what they are: a sync removes the copies and the link alike.
+        _version(store, "n", {"x": b"other"})
+        assert sorted(store.checkout("n", out, link="hardlink", sync=True).removed) == ["a", "b", "c"]
+        assert _tree(out) == {"x": b"other"}
+    finally:
+        shutil.rmtree(links, ignore_errors=True)

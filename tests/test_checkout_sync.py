@@ -4,19 +4,26 @@ a failure midway leaves no temp file and says how much was done."""
 
 from __future__ import annotations
 
+import errno
+import importlib
 import json
 import logging
 import os
+import stat
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, Iterator, List
 
 import pytest
+from conftest import run_as_nobody
 
 import casstore
 import casstore._faults
 from casstore import IntegrityError, InvalidInputError
+from casstore._fsprobe import fine_local_stamps
 from casstore.manifests.checkout import RECORD_DIR
 
 
@@ -82,9 +89,6 @@ def test_a_modified_recorded_file_stays_unless_force(s: casstore.Store, tmp_path
     assert (out / "sub" / "b.txt").read_bytes() == b"edited by the user"
     assert done.removed == ("sub/deep/c.txt",) and done.kept == ("sub/b.txt",)
     assert "changed since casstore wrote them" in caplog.text and "sub/b.txt" in caplog.text
-    # The file is the user's now: a later forced sync no longer owns it either.
-    s.checkout("exp", out, sync=True, force=True)
-    assert (out / "sub" / "b.txt").exists()
 
 
 def test_force_removes_a_modified_recorded_file(s: casstore.Store, tmp_path: Path) -> None:
@@ -287,3 +291,219 @@ def test_cli_checkout_sync_and_link(s: casstore.Store, tmp_path: Path) -> None:
     assert len(doc["written"]) == 3  # keep.txt was in place
     r = subprocess.run([*cli, "--force"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "--sync" in r.stderr
+
+
+def _restore_mtime_after_edit(p: Path, data: bytes) -> None:
+    """A user edit of the same size whose mtime is then put back (rsync -t, tar, ``touch -r`` do this)."""
+    st = p.stat()
+    time.sleep(0.02)  # a later timestamp tick than the checkout's
+    os.chmod(p, 0o644)
+    with open(p, "r+b") as f:
+        f.write(data)
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (p.stat().st_size, p.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+
+def test_an_edit_with_its_mtime_put_back_is_not_casstores_file(store: casstore.Store, tmp_path: Path) -> None:
+    # The record's stat key had no ctime: same size and mtime made the user's edit look like casstore's file.
+    out = tmp_path / "out"
+    _version(store, "n", {"y": b"casstore", "z": b"zz"})
+    store.checkout("n", out)
+    _restore_mtime_after_edit(out / "y", b"MY-EDIT!")
+    _version(store, "n", {"z": b"zz"})
+    done = store.checkout("n", out, sync=True)
+    assert (out / "y").read_bytes() == b"MY-EDIT!"
+    assert done.removed == () and done.kept == ("y",)
+    # ... and the same for a key the new version changes: refused without force, like any user edit.
+    _version(store, "n", {"z": b"zz"})
+    store.checkout("n", out / "2")
+    _restore_mtime_after_edit(out / "2" / "z", b"ZZ")
+    _version(store, "n", {"z": b"zz v2"})
+    with pytest.raises(InvalidInputError, match="other content"):
+        store.checkout("n", out / "2", sync=True)
+    assert (out / "2" / "z").read_bytes() == b"ZZ"
+
+
+def _record(store: casstore.Store) -> Dict[str, Any]:
+    import msgpack
+    (rec,) = (store.root / RECORD_DIR).iterdir()
+    doc: Dict[str, Any] = msgpack.unpackb(rec.read_bytes())
+    return doc
+
+
+def _write_record(store: casstore.Store, doc: Dict[str, Any]) -> None:
+    import msgpack
+    (rec,) = (store.root / RECORD_DIR).iterdir()
+    rec.write_bytes(msgpack.packb(doc))
+
+
+def test_a_racy_record_vouches_only_with_the_files_bytes(store: casstore.Store, tmp_path: Path) -> None:
+    # A file changed in the timestamp tick its record entry was taken in keeps its whole stat: only
+    # its bytes can tell.  (The edit below is made to look like one: its entry is given the file's stat.)
+    out = tmp_path / "out"
+    _version(store, "n", {"y": b"casstore", "z": b"zz"})
+    store.checkout("n", out)
+    _restore_mtime_after_edit(out / "y", b"MY-EDIT!")
+    doc = _record(store)
+    st = (out / "y").stat()
+    doc["files"]["y"][2:] = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    _write_record(store, doc)
+    _version(store, "n", {"z": b"zz"})
+    assert store.checkout("n", out, sync=True).kept == ("y",)
+    assert (out / "y").read_bytes() == b"MY-EDIT!"
+
+
+def test_a_file_is_hashed_once_after_it_was_written_then_its_record_is_settled(
+        store: casstore.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    co = importlib.import_module("casstore.manifests.checkout")
+    seen: List[int] = []
+    real = co.hash_fd
+    monkeypatch.setattr(co, "hash_fd", lambda fd, size, **kw: seen.append(size) or real(fd, size))
+    out = tmp_path / "out"
+    _version(store, "n", V1)
+    store.checkout("n", out)
+    st = (out / "a.txt").stat()
+    if not fine_local_stamps(st.st_dev, st.st_ctime_ns):
+        pytest.skip("this filesystem's timestamps settle only after RACY_SECONDS")
+    seen.clear()
+    time.sleep(0.02)  # the checkout's timestamp tick is over
+    assert store.checkout("n", out, sync=True) == []
+    assert len(seen) == len(V1)  # written in the tick their entries were taken in: each hashed once
+    seen.clear()
+    assert store.checkout("n", out, sync=True) == []
+    assert seen == []  # settled: the stat (ctime included) now vouches for the bytes
+
+
+def test_a_sync_that_failed_midway_keeps_what_casstore_wrote_so_a_retry_just_works(
+        store: casstore.Store, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _version(store, "n", {"a": b"a1", "b": b"b1", "c": b"c1", "old": b"o"})
+    store.checkout("n", out)
+    _version(store, "n", {"a": b"a2", "b": b"b2", "c": b"c2"})
+    db = store.manifest("n")["b"].digest
+    p = store.raw_path(db)
+    os.chmod(p, 0o644)
+    p.write_bytes(b"XX")  # bit rot in the object the sync needs for 'b'
+    with pytest.raises(IntegrityError, match="stopped at 'b' after writing 1 of 3"):
+        store.checkout("n", out, sync=True)
+    assert _tree(out) == {"a": b"a2", "b": b"b1", "c": b"c1", "old": b"o"}
+    store.objects.delete(db)  # repaired: the object put again
+    store.put(b"b2")
+    done = store.checkout("n", out, sync=True)  # b and c are still casstore's: replaced without overwrite
+    assert _tree(out) == {"a": b"a2", "b": b"b2", "c": b"c2"} and done.removed == ("old",)
+    _version(store, "n", {})
+    assert sorted(store.checkout("n", out, sync=True).removed) == ["a", "b", "c"]
+    assert _tree(out) == {}
+
+
+def test_a_kept_file_stays_recorded_so_force_removes_it_later(s: casstore.Store, tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    out = tmp_path / "out"
+    s.checkout("exp", out)
+    (out / "sub" / "b.txt").write_bytes(b"edited by the user")
+    _version(s, "exp", V2)
+    assert s.checkout("exp", out, sync=True).kept == ("sub/b.txt",)
+    with caplog.at_level(logging.WARNING):
+        again = s.checkout("exp", out, sync=True)  # still casstore's record, still changed: kept, said again
+    assert again.kept == ("sub/b.txt",) and "--force to remove them" in caplog.text
+    done = s.checkout("exp", out, sync=True, force=True)  # what the warning said to do
+    assert done.removed == ("sub/b.txt",) and _tree(out) == V2
+
+
+def test_a_read_only_folder_is_a_read_only_error_naming_the_keys_path(world_dir: Path) -> None:
+    # The error named the temp file (.casstore-PID-....part) or the object path a link was made to.
+    s = casstore.open(world_dir / "store")
+    _version(s, "n", {"ok.txt": b"ok", "ro/x.txt": b"x"})
+    for dirpath, _, _ in os.walk(s.root):
+        os.chmod(dirpath, 0o755)  # readable for uid 65534, not writable
+    out = world_dir / "out"
+    (out / "ro").mkdir(parents=True)
+    os.chmod(out, 0o777)
+    os.chmod(out / "ro", 0o755)  # root's: uid 65534 cannot write the key's directory
+    got = run_as_nobody("""
+        root, out_dir = sys.argv[1:]
+        out = {}
+        s = casstore.open(root)
+        for link in ("copy", "symlink"):
+            try:
+                s.checkout("n", out_dir, link=link)
+                out[link] = "no error"
+            except casstore.errors.ReadOnlyError as e:
+                out[link] = [isinstance(e, PermissionError), str(e)]
+    """, str(s.root), str(out))
+    for link in ("copy", "symlink"):
+        is_perm, msg = got[link]
+        assert is_perm and f"{out}/ro/x.txt" in msg, msg
+        assert ".casstore-" not in msg and "/proc/self" not in msg and str(s.root) not in msg, msg
+        assert "stopped at 'ro/x.txt'" in msg, msg
+    assert not list(out.rglob(".casstore-*"))
+
+
+@pytest.fixture
+def small_fs() -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    d = Path(tempfile.mkdtemp(prefix="casstore-small-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(d)], check=True)
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+        os.rmdir(d)
+
+
+def test_a_full_disk_is_a_disk_full_error_naming_the_keys_path(store: casstore.Store, small_fs: Path) -> None:
+    _version(store, "n", {"big.bin": os.urandom(2 << 20)})
+    out = small_fs / "out"
+    with pytest.raises(casstore.errors.DiskFullError) as ei:
+        store.checkout("n", out)
+    assert ei.value.errno == errno.ENOSPC
+    msg = str(ei.value)
+    assert f"{out}/big.bin" in msg and ".casstore-" not in msg and "stopped at 'big.bin'" in msg, msg
+    assert not list(out.rglob(".casstore-*"))
+
+
+def test_a_shared_stores_checkout_records_are_group_writable(tmp_path: Path) -> None:
+    from casstore._shared import DIR_MODE
+    old = os.umask(0o022)  # the umask that made the directory private to its first user
+    try:
+        s = casstore.open(tmp_path / "store", shared=True)
+        _version(s, "n", {"a": b"a"})
+        s.checkout("n", tmp_path / "out")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(s.root / RECORD_DIR).st_mode) == DIR_MODE
+    assert stat.S_IMODE(os.stat(s.root / "cache").st_mode) == DIR_MODE
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the record to another user")
+def test_a_record_another_user_wrote_is_not_trusted(s: casstore.Store, tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    # In a shared store any member may write into cache/checkout: a record planted there by another
+    # member could name the victim's own files (at their exact stat) for sync to delete.
+    out = tmp_path / "out"
+    s.checkout("exp", out)
+    (rec,) = (s.root / RECORD_DIR).iterdir()
+    os.chown(rec, 65534, 65534)
+    _version(s, "exp", V2)
+    with caplog.at_level(logging.WARNING):
+        done = s.checkout("exp", out, sync=True, overwrite=True)
+    assert done.removed == () and "another user" in caplog.text
+    assert (out / "sub" / "b.txt").exists()
+
+
+def test_a_version_1_record_is_still_read_and_its_files_bytes_vouch_for_them(
+        store: casstore.Store, tmp_path: Path) -> None:
+    # Records written before ctime was recorded: [hex, dev, ino, size, mtime_ns] per key.
+    out = tmp_path / "out"
+    _version(store, "n", {"y": b"casstore", "z": b"zz", "k": b"k"})
+    store.checkout("n", out)
+    _restore_mtime_after_edit(out / "y", b"MY-EDIT!")
+    doc = _record(store)
+    doc["v"] = 1
+    doc["files"] = {k: [v[0], *v[2:6]] for k, v in doc["files"].items()}
+    _write_record(store, doc)
+    _version(store, "n", {"k": b"k"})
+    done = store.checkout("n", out, sync=True)
+    assert done.removed == ("z",) and done.kept == ("y",)
+    assert _record(store)["v"] == 2

@@ -264,8 +264,6 @@ def test_shared_store_stat_cache_works_for_every_member(world_dir: Path) -> None
     assert got == {"first": 2, "again": 0, "status": 0}
 
 
-@pytest.mark.xfail(strict=True, reason="casstore/manifests/checkout.py (_Record.save) makes cache/ with a plain "
-                   "mkdir (0o2755): remove this mark when it uses casstore._fs.makedirs")
 def test_shared_stat_cache_dir_after_a_checkout_made_cache(world_dir: Path) -> None:
     # A checkout's record made <store>/cache first: makedirs copies that parent's mode.
     root = world_dir / "team"

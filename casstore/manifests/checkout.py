@@ -29,12 +29,22 @@ Hazards (issue 11, "nothing is written outside the target", "never hang, never f
   Files completed before the failure stay (each whole and verified), and the
   error ends with how many were written and at which key it stopped.
 * ``sync`` (issue 12): only files a previous checkout of the same name into the
-  same folder recorded (key, digest, dev/ino/size/mtime right after the
-  rename) and that still stat the same are removed; the record under
-  ``<store>/cache/checkout`` is hostile input (bad -> empty, warned); removal
-  walks with ``O_NOFOLLOW`` per segment and runs only after every new file is
-  in place.  ``link``: copy | reflink (clone or error) | hardlink | symlink to
-  the verified raw object.  See docs/manifests.md, "Checkout: sync and link modes".
+  same folder recorded (key, digest, how it was made, dev/ino/size/mtime/ctime
+  right after the rename) and that are still casstore's (:func:`_ours`) are
+  removed or replaced: a copy whose whole stat is unchanged (ctime too: ``utime``
+  puts mtime back, as rsync -t, tar and ``touch -r`` do; nothing sets ctime) and,
+  while its entry is racy (taken in the timestamp tick of the file's last
+  change), whose bytes still hash to the digest; a hard link that is still the
+  object's own inode, a symbolic link still to the object's path (a re-put of
+  the object moves the inode's times: never a user's edit).  The record under
+  ``<store>/cache/checkout`` is hostile input (bad, or another user's -> empty,
+  warned); it keeps every file casstore wrote that is still as it left it, also
+  after a failure midway and for files sync kept (changed), so a retry or
+  ``force`` finds them; removal walks with ``O_NOFOLLOW`` per segment and runs
+  only after every new file is in place.  ``link``: copy | reflink (clone or
+  error) | hardlink (a copy where the object has the most links the filesystem
+  allows) | symlink to the verified raw object.  See docs/manifests.md,
+  "Checkout: sync and link modes".
 """
 
 from __future__ import annotations
@@ -54,9 +64,11 @@ from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Optional, Sequ
 import msgpack
 
 from .._faults import fault
-from .._fs import copy_exact, write_file_atomic
-from .._layout import TMP
+from .._fs import NO_SPACE, copy_exact, disk_full, makedirs, stamp_floor_ns, write_file_atomic
+from .._fsprobe import settled
+from .._layout import TMP, object_relpath
 from .._progress import Progress
+from ..codecs import RAW
 from ..digest import Digest, hash_bytes, hash_fd
 from ..errors import (
     CasstoreError,
@@ -83,9 +95,14 @@ LINK_MODES = ("copy", "reflink", "hardlink", "symlink")
 """How ``checkout(link=...)`` materializes a file (see docs/manifests.md, "Checkout: sync and link modes")."""
 RECORD_DIR = "cache/checkout"
 """Where the record of what each checkout wrote lives under the store root."""
-_RECORD_VERSION = 1
+_RECORD_VERSION = 2  # 1: [hex, dev, ino, size, mtime_ns] (no ctime, no kind): still read
 _RECORD_MAX_BYTES = 1 << 30  # bigger is garbage, not a record
-StatKey = Tuple[int, int, int, int]  # (dev, ino, size, mtime_ns) right after writing
+StatKey = Tuple[int, int, int, int, int]  # (dev, ino, size, mtime_ns, ctime_ns) right after writing
+RecEntry = Tuple[Digest, StatKey, int]  # (digest, stat key, _HARDLINK | _SYMLINK | _SETTLED bits)
+_HARDLINK = 1  # the object's own inode: casstore's while it is the object's (times move with every re-put)
+_SYMLINK = 2  # a symbolic link: casstore's while it points at the object's path
+_SETTLED = 4  # a copy whose stat vouches for its bytes: taken after the tick of its last change
+_NO_CTIME = -1  # a version-1 entry: no ctime, so only its bytes can vouch for the file
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -187,6 +204,8 @@ class _Walker:
             self.created.append("/".join(rel))
         except FileExistsError:
             pass  # made meanwhile: opened below without following links, like any other
+        except OSError as e:
+            raise _target_error(e, str(self.out.joinpath(*rel)), "create directory") from None
         return os.open(seg, _DIR, dir_fd=fd)
 
     def close(self) -> None:
@@ -206,17 +225,38 @@ def _conflicts(man: Manifest, ents: Dict[str, Entry]) -> None:
             )
 
 
-def _same_file(dir_fd: int, leaf: str, e: Entry, size: int) -> bool:
-    """Whether the regular file ``leaf`` already holds exactly the entry's bytes."""
+def _same_file(dir_fd: int, leaf: str, digest: Digest, size: int) -> bool:
+    """Whether the regular file ``leaf`` holds exactly the bytes of ``digest`` (``size`` long)."""
     try:
         fd = os.open(leaf, _READ, dir_fd=dir_fd)
     except OSError:
         return False
     try:
         st = os.fstat(fd)
-        return stat.S_ISREG(st.st_mode) and st.st_size == size and hash_fd(fd, size) == e.digest
+        return stat.S_ISREG(st.st_mode) and st.st_size == size and hash_fd(fd, size) == digest
     finally:
         os.close(fd)
+
+
+_READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def _target_error(err: OSError, dest: str, what: str = "write") -> OSError:
+    """``err`` from writing ``dest`` (its temp name, a link, the rename) as the typed error naming ``dest``.
+
+    Hazard: the failing system call names the temp file (``.casstore-PID-....part``), ``/proc/self/fd/N``
+    or the object a link points at: none says which key failed, nor where.
+    """
+    if err.errno in NO_SPACE:  # (the copy's own DiskFullError names only the directory: said again)
+        return disk_full(OSError(err.errno, os.strerror(err.errno)), os.path.dirname(dest), f"checking out {dest}")
+    if isinstance(err, CasstoreError) or err.errno not in _READ_ONLY:
+        return err
+    return ReadOnlyError(f"cannot {what} {dest}: {os.strerror(err.errno)} (the folder is read-only for this user, "
+                         "or on a read-only mount); make it writable, or check out into another folder")
+
+
+class _TooManyLinks(Exception):
+    """The object file has the most hard links its filesystem allows (EMLINK): the key gets a copy."""
 
 
 _NOT_SUPPORTED = (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EBADF, errno.EPERM)
@@ -251,15 +291,21 @@ def _fill(store: Store, e: Entry, fd: int, dest: str, *, strict_reflink: bool) -
                         f"{store.root} (FICLONE refused; btrfs and XFS on one filesystem can). Use link='copy' "
                         "(reflinks where it can, copies otherwise) or link='hardlink'/'symlink'"
                     )
-                copy_exact(src, fd, size)
+                try:
+                    copy_exact(src, fd, size)
+                except OSError as err:
+                    raise _target_error(err, dest) if err.errno in NO_SPACE else err from None
         finally:
             os.close(src)
         got = hash_fd(fd, size)
         if got != e.digest:
             raise IntegrityError(f"object {e.digest} is corrupt (hashes to {got}); not checked out")
     else:
-        with objects.open(e.digest, verify=True) as fi, open(fd, "wb", closefd=False) as fo:
-            shutil.copyfileobj(fi, fo, _CHUNK)  # the reader raises IntegrityError before the last chunk
+        try:
+            with objects.open(e.digest, verify=True) as fi, open(fd, "wb", closefd=False) as fo:
+                shutil.copyfileobj(fi, fo, _CHUNK)  # the reader raises IntegrityError before the last chunk
+        except OSError as err:
+            raise _target_error(err, dest) if err.errno in NO_SPACE else err from None
 
 
 def _link_object(store: Store, e: Entry, pfd: int, tmp: str, dest: str, link: str,
@@ -285,7 +331,10 @@ def _link_object(store: Store, e: Entry, pfd: int, tmp: str, dest: str, link: st
             if trust is not None:
                 trust.note(e.digest, st)
         if link == "symlink":
-            os.symlink(path, tmp, dir_fd=pfd)  # the object's inode is untouched: its record stays valid
+            try:
+                os.symlink(path, tmp, dir_fd=pfd)  # the object's inode is untouched: its record stays valid
+            except OSError as err:
+                raise _target_error(err, dest) from None
             return None
         if direct:
             fault("manifest.checkout_before_rename")  # the point just before a file appears under its key
@@ -302,12 +351,14 @@ def _link_object(store: Store, e: Entry, pfd: int, tmp: str, dest: str, link: st
                 f"{dest} appeared while checking out (now {_describe(pfd, tmp)}); pass overwrite=True to replace it"
             ) from None
         except OSError as err:
-            if err.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP):
+            if err.errno == errno.EMLINK:  # this object's limit (ext4: 65,000), not the filesystem's fault
+                raise _TooManyLinks() from None
+            if err.errno in (errno.EXDEV, errno.EPERM, errno.EOPNOTSUPP):
                 raise InvalidInputError(
                     f"cannot hardlink {dest} to object {e.digest} ({err.strerror}; the store at {store.root} and "
                     "the folder must be on one filesystem that allows links). Use link='symlink' or 'copy'"
                 ) from None
-            raise
+            raise _target_error(err, dest) from None
         if not _PROC_FD:
             got = os.stat(tmp, dir_fd=pfd, follow_symlinks=False)
             if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino):  # the object path was swapped after verifying
@@ -330,20 +381,33 @@ class _Record:
         ident = hash_bytes(os.fsencode(self.root) + b"\0" + name.encode("utf-8", "surrogateescape"))
         self.path = store.root / RECORD_DIR / ident.hex[:32]
         self.store = store
-        self.files: Dict[str, Tuple[Digest, StatKey]] = {}
+        self.files: Dict[str, RecEntry] = {}
         self.dirs: Set[str] = set()
         self.damaged: Optional[str] = None
 
     def load(self) -> None:
         """Read the record; a missing one is empty, a damaged one is empty and ``damaged`` says why."""
         try:
-            with open(self.path, "rb") as f:
-                raw = f.read(_RECORD_MAX_BYTES + 1)
+            fd = os.open(self.path, _READ)
         except FileNotFoundError:
             return
         except OSError as e:
             self.damaged = f"unreadable ({e.strerror})"
             return
+        try:
+            st = os.fstat(fd)
+            # Hazard: in a shared store every member may write cache/checkout, so a record planted by
+            # another member could name this user's own files, at their exact stat, for sync to delete.
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                self.damaged = f"not this user's (written by another user, uid {st.st_uid})"
+                return
+            with open(fd, "rb", closefd=False) as f:
+                raw = f.read(_RECORD_MAX_BYTES + 1)
+        except OSError as e:
+            self.damaged = f"unreadable ({e.strerror})"
+            return
+        finally:
+            os.close(fd)
         try:
             if len(raw) > _RECORD_MAX_BYTES:
                 raise ValueError("too large")
@@ -354,21 +418,29 @@ class _Record:
             return
         self.files, self.dirs = files, dirs
 
-    def _parse(self, doc: object) -> Tuple[Dict[str, Tuple[Digest, StatKey]], Set[str]]:
-        if not isinstance(doc, dict) or doc.get("v") != _RECORD_VERSION:
-            raise ValueError("not a version-1 checkout record")
+    def _parse(self, doc: object) -> Tuple[Dict[str, RecEntry], Set[str]]:
+        version = doc.get("v") if isinstance(doc, dict) else None
+        if not isinstance(doc, dict) or version not in (1, _RECORD_VERSION):
+            raise ValueError("not a version-1 or -2 checkout record")
         if doc.get("root") != self.root or doc.get("name") != self.name:
             raise ValueError("written for another folder or name")
         ents, dirs = doc.get("files"), doc.get("dirs")
         if not isinstance(ents, dict) or not isinstance(dirs, list):
             raise ValueError("files or dirs missing")
-        files: Dict[str, Tuple[Digest, StatKey]] = {}
+        files: Dict[str, RecEntry] = {}
+        n = 5 if version == 1 else 7  # 1: [hex, dev, ino, size, mtime]; 2: [hex, how, dev, ino, size, mtime, ctime]
         for k, v in ents.items():
-            if not (isinstance(k, str) and _safe_key(k) and isinstance(v, list) and len(v) == 5
+            if not (isinstance(k, str) and _safe_key(k) and isinstance(v, list) and len(v) == n
                     and isinstance(v[0], str) and all(type(x) is int for x in v[1:])):
                 raise ValueError(f"bad entry {k!r:.100}")
+            if version == 1:  # no ctime, made by any mode: its bytes must vouch for it (see _ours)
+                how, key = 0, (v[1], v[2], v[3], v[4], _NO_CTIME)
+            else:
+                how, key = v[1], (v[2], v[3], v[4], v[5], v[6])
+                if how & ~(_HARDLINK | _SYMLINK | _SETTLED) or how & _HARDLINK and how & (_SYMLINK | _SETTLED):
+                    raise ValueError(f"bad kind for {k!r:.100}")
             try:
-                files[k] = (Digest(v[0]), (v[1], v[2], v[3], v[4]))
+                files[k] = (Digest(v[0]), key, how)
             except InvalidDigestError:
                 raise ValueError(f"bad digest for {k!r:.100}") from None
         if not all(isinstance(d, str) and _safe_key(d) for d in dirs):
@@ -377,10 +449,10 @@ class _Record:
 
     def save(self) -> None:
         doc = {"v": _RECORD_VERSION, "root": self.root, "name": self.name,
-               "files": {k: [d.hex, *st] for k, (d, st) in sorted(self.files.items())},
+               "files": {k: [d.hex, how, *st] for k, (d, st, how) in sorted(self.files.items())},
                "dirs": sorted(self.dirs)}
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            makedirs(self.path.parent)  # in a shared store group-writable, as cache/hashed: every member records
             write_file_atomic(self.store.root / TMP, self.path, msgpack.packb(doc, use_bin_type=True),
                               durable=False, mode=0o644)
         except OSError as e:  # a read-only store still checks out; a later sync just removes less
@@ -395,7 +467,53 @@ def _safe_key(k: str) -> bool:
 
 
 def _stat_key(st: os.stat_result) -> StatKey:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _object_file(store: Store, d: Digest) -> str:
+    """The raw object file's path (what hard and symbolic links are made to; not materialized here)."""
+    return f"{store.objects.root}/{object_relpath(d, RAW)}"
+
+
+def _ours(store: Store, pfd: int, leaf: str, st: os.stat_result, rec: RecEntry, floor: int) -> Optional[RecEntry]:
+    """The record's entry for ``leaf`` (lstat ``st``), refreshed, if the file is still as casstore left it;
+    None if it is not (changed since, replaced, or no longer what casstore made).
+
+    ``floor``: a :func:`~casstore._fs.stamp_floor_ns` read before ``st`` (and before any hash here).
+    """
+    d, key, how = rec
+    if how & _HARDLINK:
+        # The object's own inode: every re-put of its bytes (``touch``, gc's grace period) moves its
+        # mtime and ctime, so times say nothing; being the object file's inode says it all.
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        try:
+            obj = os.stat(_object_file(store, d), follow_symlinks=False)
+        except OSError:
+            obj = None
+        if obj is not None and (obj.st_dev, obj.st_ino) == (st.st_dev, st.st_ino):
+            return (d, _stat_key(st), how)
+        # The object is gone (gc) or another file now: the inode casstore linked, with its bytes, is still ours.
+        if (st.st_dev, st.st_ino) == key[:2] and _same_file(pfd, leaf, d, st.st_size):
+            return (d, _stat_key(st), how)
+        return None
+    if how & _SYMLINK:
+        if not stat.S_ISLNK(st.st_mode):
+            return None
+        try:
+            return rec if os.readlink(leaf, dir_fd=pfd) == _object_file(store, d) else None
+        except OSError:
+            return None
+    now = _stat_key(st)
+    if now != key and not (key[4] == _NO_CTIME and now[:4] == key[:4]):
+        return None  # modified, replaced or re-created since (ctime too: utime can put mtime back)
+    if how & _SETTLED:
+        return rec
+    # Racy: the entry was taken in the timestamp tick of the file's last change (always so right after
+    # casstore wrote it), so a change in that same tick left the stat as it was: only the bytes can tell.
+    if not stat.S_ISREG(st.st_mode) or not _same_file(pfd, leaf, d, st.st_size):
+        return None
+    return (d, now, how | _SETTLED) if settled(st, floor) else (d, now, how)
 
 
 def _open_parent(root_fd: int, parts: Sequence[str]) -> Optional[int]:
@@ -447,12 +565,15 @@ def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]],
 
     ``link``: ``"copy"`` (reflinked where the filesystem can, else copied),
     ``"reflink"`` (a clone or an error), ``"hardlink"`` / ``"symlink"`` (to
-    the read-only object file).  Every checkout records what it wrote (key,
-    and the file's device, inode, size and mtime) under the store;
-    ``sync=True`` also removes the files a previous checkout of the same name
-    into this folder wrote that this version lacks, and updates the ones it
-    changes -- never a file casstore did not write, and never one modified
-    since (its stat differs) unless ``force=True``.
+    the read-only object file; where the object already has the most hard
+    links its filesystem allows, that file is copied, with a warning).  Every
+    checkout records what it wrote (key, how, and the file's device, inode,
+    size, mtime and ctime) under the store; ``sync=True`` also removes the
+    files a previous checkout of the same name into this folder wrote that this
+    version lacks, and updates the ones it changes -- never a file casstore did
+    not write, and never one modified since unless ``force=True`` (a copy whose
+    stat differs, or whose bytes do while its stat cannot tell; a link that is
+    no longer the object's).
 
     Every object is verified before it is used: a copy is re-hashed after it
     is written; a hard or symbolic link is made only to an object file that
@@ -495,13 +616,16 @@ def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]],
         return _checkout(store, ents, out, rec, overwrite=overwrite, sync=sync, link=link, force=force,
                          progress=progress, rehash=rehash)
     except PermissionError as err:
+        if isinstance(err, CasstoreError):  # already names the key's path (_target_error)
+            raise
         raise ReadOnlyError(f"cannot check out into {out}: {err.strerror} ({err.filename})") from None
 
 
 def _checkout(store: Store, ents: Dict[str, Entry], out: Path, rec: _Record, *, overwrite: bool, sync: bool, link: str,
               force: bool, progress: Optional[bool], rehash: bool) -> CheckedOut:
     todo: List[Tuple[str, Entry, bool]] = []  # (key, entry, expected to exist: a replacement)
-    kept: Dict[str, Tuple[Digest, StatKey]] = {}  # recorded files already in place (left alone)
+    seen: Dict[str, RecEntry] = {}  # recorded files found still casstore's (entries refreshed)
+    floor = stamp_floor_ns()  # before every stat and hash below (see _ours)
     root_fd = _open_target(out, create=False)
     if root_fd is None:
         todo = [(k, e, False) for k, e in ents.items()]
@@ -514,27 +638,21 @@ def _checkout(store: Store, ents: Dict[str, Entry], out: Path, rec: _Record, *, 
                 if pfd is None:
                     todo.append((key, e, False))
                     continue
-                prev = rec.files.get(key)
-                ours = prev if sync else None  # replacing a file casstore wrote is sync's job
-                present = _check_leaf(store, pfd, parts[-1], f"{out}/{key}", e, overwrite, link=link, ours=ours,
-                                      force=force)
+                ours = rec.files.get(key) if sync else None  # replacing a file casstore wrote is sync's job
+                present, mine = _check_leaf(store, pfd, parts[-1], f"{out}/{key}", e, overwrite, link=link,
+                                            ours=ours, force=force, floor=floor)
                 if present is not None:
                     todo.append((key, e, present))
-                elif prev is not None:
-                    try:
-                        st = _stat_key(os.stat(parts[-1], dir_fd=pfd, follow_symlinks=False))
-                    except FileNotFoundError:
-                        continue
-                    if st == prev[1] and prev[0] == e.digest:
-                        kept[key] = prev
+                if mine is not None:
+                    seen[key] = mine
         finally:
             walker.close()
             os.close(root_fd)
     fault("manifest.checkout_checked")
     written: List[Path] = []
-    new_files: Dict[str, Tuple[Digest, StatKey]] = {}
+    new_files: Dict[str, RecEntry] = {}
     created: List[str] = []
-    removed: Tuple[Set[str], List[str], List[str]] = (set(), [], [])  # (directories, files, files kept)
+    removed: Tuple[Set[str], List[str], List[str], List[str]] = (set(), [], [], [])  # dirs, removed, kept, gone
     ok = False
     try:
         if todo:
@@ -545,18 +663,22 @@ def _checkout(store: Store, ents: Dict[str, Entry], out: Path, rec: _Record, *, 
         # Record what was written even after a failure midway: those files are casstore's to sync later.
         # Removal runs only after every new file is in place, so a failed sync removes nothing.
         if sync and ok:
-            removed = _remove_stale(out, ents, rec, force=force)
-        files = {} if sync and ok else {k: v for k, v in rec.files.items() if k not in ents}
-        files.update(kept)
+            removed = _remove_stale(store, out, ents, rec, force=force, floor=floor)
+        # Every entry stays until its file is gone: one this run did not get to (a failure midway) is
+        # still as casstore left it, so a retry replaces it; one sync kept (changed since) stays
+        # recorded as it was, so ``force`` can still remove it.
+        files = rec.files
+        files.update(seen)
         files.update(new_files)
-        rec.files = files
+        for k in itertools.chain(removed[1], removed[3]):
+            files.pop(k, None)
         rec.dirs = (rec.dirs | set(created)) - removed[0]
         rec.save()
     return CheckedOut(written, removed[1], removed[2])
 
 
 def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]], written: List[Path],
-               new_files: Dict[str, Tuple[Digest, StatKey]], created: List[str], *, overwrite: bool,
+               new_files: Dict[str, RecEntry], created: List[str], *, overwrite: bool,
                link: str, progress: Optional[bool], rehash: bool) -> None:
     root_fd = _open_target(out, create=True)
     assert root_fd is not None
@@ -570,6 +692,7 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
     pool = ThreadPoolExecutor(LINK_WORKERS, thread_name_prefix="casstore-link") \
         if link in ("hardlink", "symlink") and len(todo) > 1 else None
     key = ""
+    copied: List[str] = []  # hard-link checkout: keys copied because their object had the most links allowed
     try:
         i = 0
         while i < len(todo):
@@ -582,7 +705,7 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
             while j < len(todo) and todo[j][0].startswith(base) and "/" not in todo[j][0][len(base):]:
                 j += 1
             group = todo[i:j] if pool is not None else todo[i:i + 1]
-            got: Iterator[Union[StatKey, BaseException]]
+            got: Iterator[Union[Tuple[StatKey, int], BaseException]]
             if pool is not None:
                 # Slices of LINK_SLICE keys and up, one job each: a job per key cost ~24 futex calls
                 # per link (the GIL handed between the workers and this thread), and 10,000 hard
@@ -601,12 +724,14 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
                     r = next(got)
                     if isinstance(r, BaseException):
                         raise r
-                    st = r
+                    st, how = r
                 except BaseException as ex:  # the others of the group finish first; the first error is raised
                     if first is None:
                         first, key = ex, k
                     continue
-                new_files[k] = (en.digest, st)
+                if link == "hardlink" and not how & _HARDLINK:
+                    copied.append(k)
+                new_files[k] = (en.digest, st, how)
                 written.append(out / k)
                 bar.update(en.size or 0)
             if first is not None:
@@ -625,6 +750,10 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
         bar.close()
+        if copied:
+            log.warning("%d file(s) in %s were copied, not hard-linked: their object already has the most links "
+                        "the filesystem allows (too many links, EMLINK; ext4 allows 65,000): %s", len(copied), out,
+                        ", ".join(copied[:10]))
         if trust is not None:
             trust.save()
         created.extend(walker.created)
@@ -632,34 +761,38 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
         os.close(root_fd)
 
 
-def _remove_stale(out: Path, ents: Dict[str, Entry], rec: _Record, *,
-                  force: bool) -> Tuple[Set[str], List[str], List[str]]:
-    """Remove recorded files the new version lacks (unmodified, or any file/link with ``force``); then
-    recorded directories left empty.  Returns the directories removed, the keys of the files removed
-    and those of the files left (changed since casstore wrote them)."""
+def _remove_stale(store: Store, out: Path, ents: Dict[str, Entry], rec: _Record, *, force: bool,
+                  floor: int) -> Tuple[Set[str], List[str], List[str], List[str]]:
+    """Remove recorded files the new version lacks (still casstore's, :func:`_ours`; or any file/link
+    with ``force``); then recorded directories left empty.  Returns the directories removed, the keys of
+    the files removed, those of the files left (changed since casstore wrote them) and those no longer
+    in the folder."""
     stale = sorted(k for k in rec.files if k not in ents)
     gone_dirs: Set[str] = set()
     removed: List[str] = []
     left: List[str] = []
+    gone: List[str] = []
     if not stale and not rec.dirs:
-        return gone_dirs, removed, left
+        return gone_dirs, removed, left, gone
     try:
         root_fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
-        return gone_dirs, removed, left
+        return gone_dirs, removed, left, gone
     try:
         for key in stale:
             parts = key.split("/")
             pfd = _open_parent(root_fd, parts[:-1])
             if pfd is None:
+                gone.append(key)  # its directory is gone (or a link now: never followed)
                 continue
             try:
                 try:
                     st = os.stat(parts[-1], dir_fd=pfd, follow_symlinks=False)
                 except FileNotFoundError:
+                    gone.append(key)
                     continue
-                ours = _stat_key(st) == rec.files[key][1]
-                if ours or (force and (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode))):
+                if (force and (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode))
+                        or _ours(store, pfd, parts[-1], st, rec.files[key], floor) is not None):
                     os.unlink(parts[-1], dir_fd=pfd)  # the entry itself: a link is removed, never followed
                     removed.append(key)
                 else:
@@ -686,7 +819,7 @@ def _remove_stale(out: Path, ents: Dict[str, Entry], rec: _Record, *,
     if left:
         log.warning("sync kept %d file(s) in %s that changed since casstore wrote them (pass force=True / "
                     "--force to remove them): %s", len(left), out, ", ".join(left[:10]))
-    return gone_dirs, removed, left
+    return gone_dirs, removed, left, gone
 
 
 def _open_target(out: Path, *, create: bool) -> Optional[int]:
@@ -707,53 +840,57 @@ def _open_target(out: Path, *, create: bool) -> Optional[int]:
 
 
 def _check_leaf(store: Store, pfd: int, leaf: str, dest: str, e: Entry, overwrite: bool, *, link: str,
-                ours: Optional[Tuple[Digest, StatKey]], force: bool) -> Optional[bool]:
-    """None: ``dest`` already holds the entry; False: nothing there; True: something to replace.
+                ours: Optional[RecEntry], force: bool, floor: int) -> Tuple[Optional[bool], Optional[RecEntry]]:
+    """None: ``dest`` already holds the entry; False: nothing there; True: something to replace.  Also the
+    record's entry for it, refreshed, if the file is still casstore's (:func:`_ours`), else None.
 
     ``ours``: what the previous checkout recorded at this key (sync only): a file still as casstore
-    wrote it (same stat) may be replaced without ``overwrite``; with ``force``, whatever file it is now.
+    left it may be replaced without ``overwrite``; with ``force``, whatever file it is now.
     """
     try:
         st = os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
     except FileNotFoundError:
-        return False
+        return False, None
     if stat.S_ISDIR(st.st_mode):
         raise InvalidInputError(
             f"{dest} is a directory where the manifest has a file; remove it (checkout never deletes directories)"
         )
-    replaceable = overwrite or (ours is not None and (force or _stat_key(st) == ours[1]))
+    mine = _ours(store, pfd, leaf, st, ours, floor) if ours is not None else None
+    if mine is not None and mine[0] == e.digest and (stat.S_ISREG(st.st_mode) or link == "symlink"):
+        return None, mine  # casstore's, with these bytes (a settled stat, hashed now, or the object itself)
+    replaceable = overwrite or mine is not None or (ours is not None and force)
     if stat.S_ISLNK(st.st_mode) and link == "symlink":
         loc = store.objects.locate(e.digest)
         try:
             if loc.codec.byte_exact and os.readlink(leaf, dir_fd=pfd) == loc.path:
-                return None
+                return None, mine
         except OSError:
             pass
     if stat.S_ISREG(st.st_mode):
-        if ours is not None and ours[0] == e.digest and _stat_key(st) == ours[1]:
-            return None  # as the previous checkout wrote it, and the same content: no need to re-hash
-        size = e.size if e.size is not None else store.objects.stat(e.digest).size
-        if st.st_size == size and _same_file(pfd, leaf, e, size):
-            return None
+        if mine is None:  # (casstore's file holds its recorded bytes, which are not these)
+            size = e.size if e.size is not None else store.objects.stat(e.digest).size
+            if st.st_size == size and _same_file(pfd, leaf, e.digest, size):
+                return None, None  # the right bytes, but not casstore's as it left them: left alone, unrecorded
         if not replaceable:
             raise InvalidInputError(f"{dest} exists with other content; pass overwrite=True to replace it")
-        return True
+        return True, mine
     if not replaceable:
         raise InvalidInputError(
             f"{dest} is {_describe(pfd, leaf)}; checkout never writes through it. Remove it, or pass "
             "overwrite=True to replace it (the entry itself, inside the target; never what a link points to)"
         )
-    return True
+    return True, mine
 
 
 def _write_slice(store: Store, pfd: int, base: str, out_s: str, keys: Sequence[Tuple[str, Entry, bool]], *,
-                 overwrite: bool, link: str, trust: Optional[HashRecord]) -> List[Union[StatKey, BaseException]]:
+                 overwrite: bool, link: str, trust: Optional[HashRecord]
+                 ) -> List[Union[Tuple[StatKey, int], BaseException]]:
     """:func:`_write_one` for a slice of one directory's keys, in order (on a link worker, or inline).
 
     A key's error is kept in its place and the rest of the slice still runs, as when each key was
     a job of its own: the caller raises the first error in key order after the whole group.
     """
-    out: List[Union[StatKey, BaseException]] = []
+    out: List[Union[Tuple[StatKey, int], BaseException]] = []
     for k, en, pr in keys:
         try:
             # ``dest`` (for messages) is a string: a Path per key cost more than a hard link does.
@@ -765,21 +902,35 @@ def _write_slice(store: Store, pfd: int, base: str, out_s: str, keys: Sequence[T
 
 
 def _write_one(store: Store, pfd: int, leaf: str, dest: str, e: Entry, *, replace: bool, link: str,
-               trust: Optional[HashRecord]) -> StatKey:
-    """Write one key (temp name, verify, rename); return its (dev, ino, size, mtime_ns) for the record."""
+               trust: Optional[HashRecord]) -> Tuple[StatKey, int]:
+    """Write one key (temp name, verify, rename); return its stat key and how it was made, for the record.
+
+    A hard link whose object already has the most links its filesystem allows (EMLINK) is a copy instead.
+    """
     linked: Optional[os.stat_result] = None
-    if link == "hardlink" and not replace:
-        linked = _link_object(store, e, pfd, leaf, dest, link, trust, direct=True)
-        now = os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
-        if trust is not None and linked is not None:
-            trust.carry(e.digest, linked, now)  # link() moved the inode's ctime: our own change
-        return _stat_key(now)
+    how = _HARDLINK if link == "hardlink" else _SYMLINK if link == "symlink" else 0
+    if how == _HARDLINK and not replace:
+        try:
+            linked = _link_object(store, e, pfd, leaf, dest, link, trust, direct=True)
+        except _TooManyLinks:
+            how = 0  # copied below, under a temp name like any copy
+        else:
+            now = os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
+            if trust is not None and linked is not None:
+                trust.carry(e.digest, linked, now)  # link() moved the inode's ctime: our own change
+            return _stat_key(now), how
     tmp = f".casstore-{os.getpid()}-{os.urandom(6).hex()}.part"  # not from leaf: a segment may be 255 bytes
     try:
-        if link in ("hardlink", "symlink"):
-            linked = _link_object(store, e, pfd, tmp, dest, link, trust)
-        else:
-            fd = os.open(tmp, _CREATE, 0o666, dir_fd=pfd)
+        if how:
+            try:
+                linked = _link_object(store, e, pfd, tmp, dest, link, trust)
+            except _TooManyLinks:
+                how = 0
+        if not how:
+            try:
+                fd = os.open(tmp, _CREATE, 0o666, dir_fd=pfd)
+            except OSError as err:
+                raise _target_error(err, dest) from None
             try:
                 _fill(store, e, fd, dest, strict_reflink=link == "reflink")
             finally:
@@ -801,15 +952,17 @@ def _write_one(store: Store, pfd: int, leaf: str, dest: str, e: Entry, *, replac
             raise InvalidInputError(
                 f"{dest} became a directory while checking out; remove it (checkout never deletes directories)"
             ) from None
+        except OSError as err:
+            raise _target_error(err, dest) from None
     except BaseException:
         try:
             os.unlink(tmp, dir_fd=pfd)
-        except FileNotFoundError:
+        except OSError:  # never made (ENOENT; EROFS on a read-only mount): the first error is the one
             pass
         raise
     now = os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
-    if trust is not None and linked is not None:
+    if trust is not None and linked is not None and how:
         # link() and the rename moved the object inode's ctime (our own changes, nothing else):
         # the record follows, so the next link-mode checkout need not hash it again.
         trust.carry(e.digest, linked, now)
-    return _stat_key(now)
+    return _stat_key(now), how
