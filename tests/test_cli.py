@@ -557,6 +557,26 @@ def test_empty_and_impossible_arguments_are_one_line_errors(tmp_path: Path) -> N
     assert not (tmp_path / "home" / ".cache").exists()  # no default store was made
 
 
+def test_manifest_set_takes_what_is_at_the_path_and_checkout_hints_speak_cli(tmp_path: Path) -> None:
+    """Found by a bug hunt: a directory named like a hex prefix was taken for a digest prefix; checkout's
+    hints named Python keywords."""
+    store = tmp_path / "s"
+    _ok(cli(tmp_path, "init", str(store)))
+    (tmp_path / "file.bin").write_bytes(b"x")
+    _ok(cli(tmp_path, "--store", str(store), "manifest", "set", "e", "k", "file.bin"))
+    version = _ok(cli(tmp_path, "--store", str(store), "manifest", "show", "e")).split()[1]
+    prefix = version.split(":")[1][:2]
+    (tmp_path / prefix).mkdir()
+    err = _one_line_error(cli(tmp_path, "--store", str(store), "manifest", "set", "e", "k2", prefix),
+                          "InvalidInputError")
+    assert "is a directory" in err
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "k").write_bytes(b"mine")
+    err = _one_line_error(cli(tmp_path, "--store", str(store), "checkout", "e", str(out)), "InvalidInputError")
+    assert "--overwrite" in err and "overwrite=True" not in err
+
+
 def test_names_from_disk_never_reach_the_terminal_raw(tmp_path: Path) -> None:
     """Found by a bug hunt: a file name or metadata key holding an escape sequence or a newline was
     printed raw (it could clear the screen or forge a line such as "deleted   a")."""

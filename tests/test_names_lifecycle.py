@@ -285,6 +285,25 @@ def test_rename_refuses_existing_names_pins_and_bad_names(store: casstore.Store)
     assert set(store.heads()) == {"p2", "team/a"}
 
 
+def test_rename_into_its_own_prefix_and_back(store: casstore.Store) -> None:
+    """Found by a bug hunt: `t/x` -> `t` was refused ("a prefix of other names") with no other name left."""
+    with store.edit("t/x") as m:
+        m["k"] = store.put(b"1")
+    with store.edit("t/x") as m:
+        m["k"] = store.put(b"2")
+    d = store.heads()["t/x"]
+    assert store.rename("t/x", "t") == d
+    assert store.heads() == {"t": d} and len(store.history("t")) == 2  # history and all
+    assert store.rename("t", "t/y/z") == d
+    assert store.heads() == {"t/y/z": d}
+    with store.edit("t/q") as m:
+        m["k"] = store.put(b"3")
+    with pytest.raises(casstore.InvalidInputError, match="prefix of other names"):
+        store.rename("t/y/z", "t")  # another name under t/: refused, and nothing moved
+    assert set(store.heads()) == {"t/q", "t/y/z"}
+    assert [n.name for n in store.names(include_internal=True)] == ["t/q", "t/y/z"]  # nothing left midway
+
+
 def test_rename_that_fails_halfway_puts_back_what_moved(store: casstore.Store) -> None:
     (d,) = _versions(store, "both", 1)
     store.refs.write("pins", "both", d)  # a crashed freeze left head and pin

@@ -70,9 +70,18 @@ def cmd_manifest_show(args: argparse.Namespace) -> int:
 
 
 def _to_digest(store: Store, value: str) -> Digest:
-    """A FILE (put into the store) or a digest / unique prefix."""
-    if os.path.isfile(value):
-        return store.put_path(value)
+    """A FILE (put into the store: a regular file or a pipe, as ``casstore put`` takes) or a digest / unique prefix.
+
+    Found by a bug hunt: a directory (or FIFO) whose name looks like hex was taken for a digest prefix,
+    so ``manifest set NAME k 5b`` stored whatever object starts with 5b.  Anything at that path is meant.
+    """
+    if not value:
+        raise InvalidInputError("an empty FILE|DIGEST: give a file to store or a digest (prefix)")
+    if os.path.isdir(value):
+        raise InvalidInputError(f"{value!r} is a directory; manifest set stores one file "
+                                f"(`casstore add NAME {value}` snapshots a folder as a version)")
+    if os.path.lexists(value):
+        return store.put_path(value)  # (a FIFO is streamed, a device refused, a dangling link not found)
     try:
         return store.resolve(value)
     except AmbiguousDigestError:
@@ -287,8 +296,12 @@ def cmd_checkout(args: argparse.Namespace) -> int:
                                 "since casstore wrote them); use --overwrite to replace other files")
     store = open_from_args(args, create=False)
     # A bar by bytes on a terminal's stderr only (None); --json asks for a quiet, script-driven run.
-    written = store.checkout(args.target, args.dir, overwrite=args.overwrite, sync=args.sync, link=args.link,
-                             force=args.force, progress=None if not args.json else False)
+    try:
+        written = store.checkout(args.target, args.dir, overwrite=args.overwrite, sync=args.sync, link=args.link,
+                                 force=args.force, progress=None if not args.json else False)
+    except InvalidInputError as e:  # hints in CLI words (found by a bug hunt: "pass overwrite=True")
+        raise InvalidInputError(str(e).replace("overwrite=True", "--overwrite").replace("force=True", "--force")) \
+            from None
     if args.json:
         print(json.dumps({"target": args.target, "dir": args.dir, "written": [str(p) for p in written],
                           "removed": list(written.removed), "kept": list(written.kept)}, indent=2))
