@@ -784,13 +784,13 @@ def rename(store: Store, old: str, new: str, *, force: bool = False,
         # moves through an internal name, each whole: a crash between leaves the version under it
         # (`casstore ls --all`), never under no name.
         via = f"_rename/{os.urandom(8).hex()}"
-        moved = rename(store, old, via, force=force, timeout=timeout)
+        got = rename(store, old, via, force=force, timeout=timeout)
         try:
             rename(store, via, new, force=force, timeout=timeout)
         except BaseException:
             rename(store, via, old, force=True, timeout=timeout)  # put it back where it was
             raise
-        return moved
+        return got
     check_new_name(new)
     timeout = _timeout(timeout)
     refs = store.refs
