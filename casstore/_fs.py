@@ -319,13 +319,15 @@ class Readable(Protocol):
     def read(self, n: int = -1, /) -> bytes: ...
 
 
-def read_small_file(path: os.PathLike[str] | str, limit: int) -> Optional[bytes]:
+def read_small_file(path: os.PathLike[str] | str, limit: int, *, own: bool = False) -> Optional[bytes]:
     """The bytes of regular file ``path`` if it holds at most ``limit``; ``None`` for anything else.
 
     For the caches a store keeps about itself (hostile input: any member of a shared
     store can plant files there): a symlink is not followed, a FIFO or device is
     not waited on (``O_NONBLOCK``, then ``fstat`` must show a regular file), a
     larger file is not read whole.  A missing or unreadable file is ``None`` too.
+    ``own``: also ``None`` unless this user owns the file (a cache whose content is
+    trusted, such as the digests a stat cache vouches for, is never another member's).
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -333,7 +335,7 @@ def read_small_file(path: os.PathLike[str] | str, limit: int) -> Optional[bytes]
         return None
     try:
         st = os.fstat(fd)
-        if not stat_mod.S_ISREG(st.st_mode) or st.st_size > limit:
+        if not stat_mod.S_ISREG(st.st_mode) or st.st_size > limit or (own and st.st_uid != os.geteuid()):
             return None
         with open(fd, "rb", closefd=False) as f:
             data = read_up_to(f, limit + 1)

@@ -392,9 +392,15 @@ def _check_keys(files: Sequence[_File], done: str) -> None:
 
 
 def _cache_path(store: Store, folder: Path) -> Tuple[str, Path]:
-    """The folder's real path and its stat cache file (the clean mark sits beside it)."""
+    """The folder's real path and this user's stat cache file for it (the clean mark sits beside it).
+
+    Hazard (shared stores): a stat cache vouches for digests without reading a byte, so one planted
+    by another member (any member can write ``cache/stat``) named the bytes of another user's
+    snapshot.  Each user has a file of their own (the uid is in the name: members adding the same
+    folder do not evict each other), and one this user does not own is ignored (``own=True``).
+    """
     real = os.path.realpath(folder)
-    return real, store.root / CACHE_DIR / f"{hash_bytes(os.fsencode(real)).hex[:32]}.msgpack"
+    return real, store.root / CACHE_DIR / f"{hash_bytes(os.fsencode(real)).hex[:32]}.{os.geteuid()}.msgpack"
 
 
 def _same_rows(a: bytes, b: bytes, size: int) -> List[bool]:
@@ -451,7 +457,7 @@ class _StatCache:
 
     def _load(self) -> None:
         # Tolerant: anything odd means "no cache" (its entries are only ever used on an exact stat match).
-        raw = read_small_file(self.path, _CACHE_MAX_BYTES)  # (never a symlink followed or a FIFO waited on)
+        raw = read_small_file(self.path, _CACHE_MAX_BYTES, own=True)  # (never a link followed, a FIFO waited on)
         if raw is None:
             return
         try:
@@ -627,7 +633,7 @@ class _CleanMark:
 
     def matches(self, version: Digest, patterns: Sequence[str], files: Sequence[_File]) -> bool:
         """True if the mark says the folder, walked as ``files``, equals ``version``."""
-        raw = read_small_file(self.path, _MARK_MAX_BYTES)
+        raw = read_small_file(self.path, _MARK_MAX_BYTES, own=True)
         if raw is None:
             return False
         try:

@@ -15,6 +15,7 @@ import shutil
 import stat
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -235,6 +236,29 @@ out["again"] = store.add("mine", f).hashed
 out["status"] = store.status("mine", f).hashed
 print("RESULT " + json.dumps(out))
 """
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_a_stat_cache_of_another_user_is_never_trusted(tmp_path: Path) -> None:
+    # Hazard (shared stores, any member can write cache/stat): a cache vouches for digests without
+    # reading a byte, so a planted one named the bytes of another user's snapshot.
+    s = casstore.open(tmp_path / "store")
+    folder = tmp_path / "f"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"{i}.bin").write_bytes(b"%d" % i)
+    time.sleep(0.1)  # past the clock tick of the writes, so the cache may vouch (folders._racy)
+    s.add("n", folder)
+    assert s.status("n", folder).hashed == 0  # this user's own cache and mark vouch
+    planted = list((s.root / "cache" / "stat").iterdir())
+    assert planted and all(f".{os.geteuid()}." in p.name for p in planted)  # per user
+    for p in planted:
+        os.chown(p, 4321, -1)  # as if another member had written them
+    assert s.status("n", folder).hashed == 3  # ignored: every file read (and this user's own written)
+    for p in (s.root / "cache" / "stat").iterdir():
+        os.chown(p, 4321, -1)
+    r = s.add("n", folder)
+    assert not r.created and r.hashed == 3
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a second member of the store's group")
