@@ -52,6 +52,8 @@ def test_gc_is_a_dry_run_unless_yes(cli_store: casstore.Store, capsys: pytest.Ca
     assert "2 expired manifest versions" in out
     assert n_objects(cli_store) == before - 8
     assert cli_store.verify().ok
+    rc, out = run(cli_store, capsys, "gc", "--yes", "--keep-history", "0", "--grace", "0")
+    assert rc == 0 and out.rstrip().endswith("nothing to delete")  # not a "would be deleted" line alone
 
 
 def test_gc_max_size_says_when_the_limit_cannot_be_met(cli_store: casstore.Store,

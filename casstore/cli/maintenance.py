@@ -49,6 +49,8 @@ def _report_gc(args: argparse.Namespace, plan: Union[GCPlan, RemoteGCPlan], aske
               + (f"; {failed} deletes failed (run again)" if failed else ""))
     elif not args.yes and plan.files:
         print(f"dry run: nothing deleted; run `{again}` (same options) to delete")
+    elif args.yes and not plan.files:
+        print("nothing to delete")  # (the plan's "would be deleted" line alone read as a dry run)
 
 
 def cmd_gc_remote(args: argparse.Namespace) -> int:
