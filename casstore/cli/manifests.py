@@ -364,7 +364,7 @@ def _log_lines(doc: Mapping[str, Any]) -> List[str]:
     msg = doc["message"]
     text = f"{doc['digest']}  {when}  {doc['entries']} entries  {what}"
     if msg:
-        text += "  " + (msg if msg.isprintable() else repr(msg))  # stored metadata: never raw control characters
+        text += "  " + printable(msg)  # stored metadata: never raw control characters
     lines = [text]
     if ch is None or "added_keys" not in ch:  # one line per version unless --keys
         return lines

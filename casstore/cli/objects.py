@@ -27,7 +27,7 @@ from ..errors import (
     StoreFormatError,
 )
 from ..store import Store, open_store
-from .common import Add, UnusedParser, compress_arg, open_from_args, path_exists, resolve_digest, workers_arg
+from .common import Add, UnusedParser, compress_arg, open_from_args, path_exists, printable, resolve_digest, workers_arg
 
 __all__ = ["register"]
 
@@ -357,10 +357,10 @@ def _ls_names(args: argparse.Namespace) -> int:
     for r in rows:
         versions = f"{r.versions}+" if r.versions_capped else str(r.versions)
         size = "?" if r.problem else (human_bytes(r.size) if human else str(r.size))
-        name = r.name if r.name.isprintable() else repr(r.name)  # names come from disk: never raw control chars
+        name = printable(r.name)  # names come from disk: never raw control chars
         extra = ""
         if r.url is not None:
-            extra = "  " + (r.url if r.url.isprintable() else repr(r.url))
+            extra = "  " + printable(r.url)
         if r.problem:
             extra += f"  ({r.problem})"
         table.append((name, r.kind, versions, size, _when(r.time), r.digest.short() if human else str(r.digest),
