@@ -12,7 +12,10 @@ conditional writes, checked atomically by the server:
 
 Hazards: a ref key may hold anything (a hand edit, another tool): content
 that is not a digest is a :class:`~casstore.errors.StoreFormatError` naming
-the key, never a guess.  Listed keys whose names casstore would refuse
+the key, never a guess; :meth:`S3Refs.inspect` hands such a key out as a
+:class:`DamagedRef` with the ETag of the very bytes read, so a push with force
+can replace it with ``If-Match`` on that ETag (:meth:`S3Refs.replace_damaged`)
+-- only if the key still holds those bytes.  Listed keys whose names casstore would refuse
 (``validate_name``) are not refs and are skipped.  ETags of equal content
 are equal (MD5), so a ref moved A -> B -> A between a read and a
 compare-and-swap looks unchanged, as a local ref does: both compare contents.
@@ -21,6 +24,7 @@ compare-and-swap looks unchanged, as a local ref does: both compare contents.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple, Union
 
 from .._layout import REFS
@@ -30,9 +34,33 @@ from ..objects.s3 import S3Connection
 from .base import KINDS, Ref, RefListing, RefStore
 from .local import validate_name
 
-__all__ = ["S3Refs"]
+__all__ = ["S3Refs", "DamagedRef"]
 
 _MAX_REF = 256  # a ref is ~72 bytes; read no more than this from a hostile key
+
+
+@dataclass(frozen=True, slots=True)
+class DamagedRef:
+    """A ref key that holds no digest, as read: where it is, what it holds, and its ETag then."""
+
+    where: str
+    """The remote, as messages name it."""
+    url: str
+    """``s3://bucket/<prefix>refs/<kind>/<name>``."""
+    shown: str
+    """What it holds, for messages (``content b'...'`` or ``more than 256 bytes``)."""
+    token: str
+    """The ETag of the damaged bytes read (``""`` if the server sent none): the ``If-Match`` of a repair."""
+
+    @property
+    def what(self) -> str:
+        """``<remote>: ref s3://... is damaged (content b'...')``: what is wrong, for messages that go on."""
+        return f"{self.where}: ref {self.url} is damaged ({self.shown})"
+
+    @property
+    def message(self) -> str:
+        """What is wrong and what to do (the message of the :class:`StoreFormatError` :meth:`S3Refs.read` raises)."""
+        return f"{self.what}; push the name again with force, or delete the key"
 
 
 class S3Refs(RefStore):
@@ -48,8 +76,8 @@ class S3Refs(RefStore):
         """``<prefix>refs/heads/<name>`` or ``<prefix>refs/pins/<name>``."""
         return f"{self.prefix}{REFS}/{_kind(kind)}/{validate_name(name)}"
 
-    def read(self, kind: str, name: str) -> Optional[Ref]:
-        """The ref and its ETag, or ``None``; :class:`StoreFormatError` if the key holds no digest."""
+    def inspect(self, kind: str, name: str) -> Union[None, Ref, DamagedRef]:
+        """The ref and its ETag, ``None`` if the key does not exist, or a :class:`DamagedRef` if it holds no digest."""
         key = self.key(kind, name)
         got = self.connection.get(key, limit=_MAX_REF, action="reading ref")
         if got is None:
@@ -61,11 +89,31 @@ class S3Refs(RefStore):
             d = Digest.parse(body.decode("ascii").strip())
         except (UnicodeDecodeError, InvalidDigestError):
             shown = "more than 256 bytes" if body is None else f"content {body[:80]!r}"
-            raise StoreFormatError(
-                f"{self.connection.where}: ref {self.connection.s3_url(key)} is damaged ({shown}); "
-                "push the name again with force, or delete the key"
-            ) from None
+            return DamagedRef(self.connection.where, self.connection.s3_url(key), shown, got.etag)
         return Ref(d, got.etag)
+
+    def read(self, kind: str, name: str) -> Optional[Ref]:
+        """The ref and its ETag, or ``None``; :class:`StoreFormatError` if the key holds no digest."""
+        got = self.inspect(kind, name)
+        if isinstance(got, DamagedRef):
+            raise StoreFormatError(got.message)
+        return got
+
+    def replace_damaged(self, kind: str, name: str, new: Digest, damaged: DamagedRef) -> bool:
+        """Set ``name`` to ``new`` only if its key still holds the damaged bytes ``damaged`` was read from.
+
+        ``If-Match`` on the ETag of the GET that found the damage, not on one from a later HEAD: a
+        HEAD after the GET could return the ETag of a ref someone repaired (or moved) meanwhile, and
+        the write would then overwrite their valid ref unseen.  ETags are MD5s of the content (or
+        of its parts), so a valid ref body written since does not carry the damaged bytes' ETag.  ``False`` when the key
+        changed or vanished since it was read.
+        """
+        if not damaged.token:
+            raise StoreFormatError(f"{damaged.what}; the server sent no ETag for it, so it "
+                                   "cannot be replaced conditionally: delete the key, then push again")
+        key = self.key(kind, name)
+        return self.connection.put(key, f"{new}\n".encode(), if_match=damaged.token, content_type="text/plain",
+                                   action="replacing damaged ref") is not None
 
     def compare_and_swap(self, kind: str, name: str, new: Optional[Digest], expected: Optional[Ref]) -> bool:
         """Set ``name`` to ``new`` (``None`` removes it) only if it is still ``expected``.

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Set,
 from .._faults import fault
 from .._progress import Progress
 from ..digest import Digest
-from ..errors import ObjectNotFoundError, RemoteConflictError
+from ..errors import ObjectNotFoundError, RemoteConflictError, StoreFormatError
 from ..manifests.model import load_manifest, walk_tree
 from ..refs import validate_name
 from ..refs.base import Ref
+from ..refs.s3 import DamagedRef
 from .markers import Marker
 from .merge import is_ancestor, local_chain
 from .remotes import Remote, resolve_remote
@@ -46,6 +47,27 @@ class _RefPlan:
     """The remote ref as read when planning (the compare-and-swap's token)."""
     action: str
     write: bool
+    damaged: Optional[DamagedRef] = None
+    """The damaged remote ref a forced push replaces (``If-Match`` on its ETag), if any."""
+
+
+_REPAIRED = "forced (replaced a damaged ref)"
+
+
+def _damaged_error(bad: DamagedRef, name: str) -> StoreFormatError:
+    """The refusal of a push without force over a damaged ref: says how to replace it."""
+    return StoreFormatError(
+        f"{bad.what}; to replace it with your version push with force (store.push(remote, {name!r}, force=True), "
+        f"`casstore push REMOTE {name} --force`), or delete the key"
+    )
+
+
+def _repair_plan(kind: str, name: str, d: Digest, bad: DamagedRef) -> _RefPlan:
+    """The plan of a push with force over a damaged ref (refused up front if it cannot be conditional)."""
+    if not bad.token:  # If-Match needs the ETag; an unconditional PUT could overwrite a repair made meanwhile
+        raise StoreFormatError(f"{bad.what}; the server sent no ETag for it, so it cannot be replaced "
+                               "conditionally: delete the key, then push again")
+    return _RefPlan(kind, name, d, None, _REPAIRED, True, damaged=bad)
 
 
 def _resolve_local(store: Store, names: Sequence[str]) -> List[Tuple[str, str, Digest]]:
@@ -72,8 +94,16 @@ def _resolve_local(store: Store, names: Sequence[str]) -> List[Tuple[str, str, D
 
 def _plan_ref(store: Store, rem: Remote, kind: str, name: str, d: Digest, force: bool) -> _RefPlan:
     where = rem.describe()
-    rpin = rem.refs.read("pins", name)
+    # A ref key holding no digest (a hand edit, another tool, a torn write of some server) names a
+    # version nobody can know.  Its error says "push the name again with force": with force it is
+    # replaced, by If-Match on the ETag of the damaged bytes read here, so a repair someone else made
+    # meanwhile is never overwritten (bug hunt: force gave the same error, so the advice was a dead end).
+    rpin = rem.refs.inspect("pins", name)
     if kind == "pins":
+        if isinstance(rpin, DamagedRef):
+            if force:
+                return _repair_plan(kind, name, d, rpin)
+            raise _damaged_error(rpin, name)
         if rpin is None:
             return _RefPlan(kind, name, d, None, "created", True)
         if rpin.digest == d:
@@ -82,12 +112,21 @@ def _plan_ref(store: Store, rem: Remote, kind: str, name: str, d: Digest, force:
             f"{where}: pin {name!r} there names {rpin.digest}, not {d}; pins never move -- "
             "pin this version under another name and push that"
         )
+    if isinstance(rpin, DamagedRef):
+        # Not ours to replace: a head push never writes the pin key, and whether a pin was there is unknown.
+        raise StoreFormatError(f"{rpin.what}, so head {name!r} cannot be pushed beside it: delete that key "
+                               f"(or push a pin {name!r} with force to replace it), then push again")
     if rpin is not None:
         raise RemoteConflictError(
             f"{where}: {name!r} is a pin there ({rpin.digest}), so head {name!r} cannot be pushed; "
             f"pull the pin (store.pull(remote, {name!r})) or push the head under another name"
         )
-    rhead = rem.refs.read("heads", name)
+    rstate = rem.refs.inspect("heads", name)
+    if isinstance(rstate, DamagedRef):
+        if force:
+            return _repair_plan(kind, name, d, rstate)
+        raise _damaged_error(rstate, name)
+    rhead = rstate
     if rhead is None:
         return _RefPlan(kind, name, d, None, "created", True)
     r = rhead.digest
@@ -242,13 +281,29 @@ def _move_refs(rem: Remote, plans: List[_RefPlan], still_announced: Callable[[],
             continue
         fault("remote.before-ref-cas")
         still_announced()
-        if rem.refs.compare_and_swap(p.kind, p.name, p.digest, p.expected):
+        if p.damaged is not None:
+            if rem.refs.replace_damaged(p.kind, p.name, p.digest, p.damaged):
+                refs[label] = p.action
+                continue
+        elif rem.refs.compare_and_swap(p.kind, p.name, p.digest, p.expected):
             refs[label] = p.action
             continue
-        now = rem.refs.read(p.kind, p.name)
+        state = rem.refs.inspect(p.kind, p.name)
+        if isinstance(state, DamagedRef):  # rewritten meanwhile, and still (or newly) no digest
+            raise RemoteConflictError(
+                f"{state.what} -- it changed there while pushing, so nothing was written to it; "
+                f"look at it, then push again with force=True (or delete the key)"
+            )
+        now = state
         if now is not None and now.digest == p.digest:
             refs[label] = "up to date"  # someone pushed the same version meanwhile
             continue
+        if p.damaged is not None:
+            raise RemoteConflictError(
+                f"{rem.describe()}: {p.kind[:-1]} {p.name!r} was damaged, but someone else "
+                f"{'set it to ' + str(now.digest) if now else 'deleted it'} while pushing, so your force push did not "
+                f"overwrite it; pull it (store.pull(remote, {p.name!r})), then push again"
+            )
         if p.kind == "pins":
             raise RemoteConflictError(
                 f"{rem.describe()}: pin {p.name!r} was created there by someone else meanwhile "

@@ -17,9 +17,12 @@ credentials are never stored there.
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import math
 import re
 import tomllib
+import urllib.parse
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Optional, Tuple, Union
@@ -38,27 +41,171 @@ if TYPE_CHECKING:
     from ..store import Store
 
 __all__ = ["Remote", "parse_url", "resolve_remote", "load_remotes", "add_remote", "remove_remote", "get_remote",
-           "REMOTES_FILE", "load_upstream", "set_upstream"]
+           "REMOTES_FILE", "load_upstream", "set_upstream", "check_endpoint_url", "check_region", "check_profile",
+           "check_remote_name"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
+# S3's bucket naming rules (the general-purpose bucket rules of AWS, which MinIO and SeaweedFS
+# follow): 3-63 characters; lowercase letters, digits, '.' and '-'; a letter or digit first and last.
+# Checked at `remote add` so a typo fails there with what a valid name looks like, not later at the
+# server with an opaque 400 (bug hunt: 'ab' and 'Hunt_bucket' were accepted).
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_BUCKET_RULES = ("3-63 characters: lowercase letters, digits, '.' and '-', starting and ending with a letter "
+                 "or digit, e.g. 'team-bucket'")
+# C0 and C1 control characters, DEL and lone surrogates (docs/security.md, class 7): a newline in a
+# URL broke the one-line error rule of every message naming the remote, an ESC could rewrite the
+# terminal, a lone surrogate cannot even be encoded into a request.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# A DNS host name as botocore accepts it (botocore.utils.is_valid_endpoint_url): dot-separated
+# labels of letters, digits and '-' (not first or last), an optional final dot.
+_HOST_RE = re.compile(r"^((?!-)[A-Za-z0-9-]{1,63}(?<!-)\.)*((?!-)[A-Za-z0-9-]{1,63}(?<!-))\.?$")
+# botocore's own region rule (botocore.utils.validate_region_name): the region goes into the endpoint
+# host and the signature scope, so anything else fails later with a raw botocore error.
+_REGION_RE = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?$")
+_USERINFO_RE = re.compile(r"^([^:/?#]*:)?//[^/?#]*@")
+_ENDPOINT_FORM = "http(s)://host[:port][/path], e.g. 'http://storage.lab:8333'"
 _SETTINGS = ("url", "endpoint_url", "region", "profile")
 
 
+def _shown_endpoint(url: str) -> str:
+    """``url`` for a message: ``user:pass@`` replaced by ``***@`` (never echo a secret, docs/security.md)."""
+    return _USERINFO_RE.sub(lambda m: f"{m.group(1) or ''}//***@", url, count=1)
+
+
+def check_endpoint_url(value: object) -> Optional[str]:
+    """``value`` if it is a valid ``endpoint_url`` (``None`` for ``None`` or ``""``: AWS), else a typed error.
+
+    Valid: ``http(s)://host[:port][/path]`` with a DNS name, an IPv4 address or a bracketed IPv6
+    address, no ``user:password@`` (credentials never go in remote settings: they would be stored
+    in ``remotes.toml`` and printed in every message naming the remote), no query or fragment.
+    :class:`InvalidTypeError` for a non-str, :class:`InvalidInputError` otherwise; a message
+    never shows the credentials of the value.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidTypeError(f"endpoint_url must be a str like {_ENDPOINT_FORM} (or None for AWS), "
+                               f"not {type(value).__name__}")
+    if value == "":
+        return None
+    shown = _shown_endpoint(value)
+    bad = f"invalid endpoint_url {shown!r}"
+    if _CONTROL.search(value) or any(c.isspace() for c in value):
+        raise InvalidInputError(f"{bad}: it contains whitespace or control characters; use {_ENDPOINT_FORM}")
+    try:
+        parts = urllib.parse.urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a non-numeric or out-of-range port
+        host = parts.hostname
+    except ValueError as e:  # a bad IPv6 literal, a bad port
+        raise InvalidInputError(f"{bad}: {e}; use {_ENDPOINT_FORM}") from None
+    if parts.scheme.lower() not in ("http", "https"):
+        raise InvalidInputError(f"{bad}: it must start with http:// or https://; use {_ENDPOINT_FORM}")
+    if "@" in parts.netloc:
+        raise InvalidInputError(
+            f"{bad}: it holds credentials (user:password@), which casstore never stores or sends this way; "
+            "give them through AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the remote's profile "
+            f"(--profile; see docs/remotes.md, 'Set-up'), and the endpoint as {_ENDPOINT_FORM}"
+        )
+    if not host:
+        raise InvalidInputError(f"{bad}: it names no host; use {_ENDPOINT_FORM}")
+    if parts.query or parts.fragment or value.endswith(("?", "#")):
+        raise InvalidInputError(f"{bad}: an endpoint has no query or fragment; use {_ENDPOINT_FORM}")
+    if "[" in parts.netloc:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise InvalidInputError(f"{bad}: {host!r} is not an IPv6 address; use {_ENDPOINT_FORM}") from None
+    elif not _HOST_RE.fullmatch(host):
+        raise InvalidInputError(f"{bad}: {host!r} is not a valid host name; use {_ENDPOINT_FORM}")
+    return value
+
+
+def check_region(value: object) -> Optional[str]:
+    """``value`` if it is a valid AWS region name like ``"eu-west-1"`` (``None``/``""``: the default), else raise."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidTypeError(f"region must be a str like 'eu-west-1' (or None), not {type(value).__name__}")
+    if value and not _REGION_RE.fullmatch(value):
+        raise InvalidInputError(f"invalid region {value!r}: use letters, digits and '-' (up to 63), "
+                                "like 'eu-west-1' or 'us-east-1'")
+    return value or None
+
+
+def check_profile(value: object) -> Optional[str]:
+    """``value`` if it is a usable AWS profile name (``None``/``""``: none), else raise."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidTypeError(f"profile must be the str name of an AWS profile (or None), not {type(value).__name__}")
+    # A profile name goes into remotes.toml and into messages: one line, printable (docs/security.md, class 7).
+    if _CONTROL.search(value) or len(value) > 256 or (value and value.strip() != value):
+        raise InvalidInputError(f"invalid profile {value[:80]!r}: use the name of a profile in ~/.aws/config "
+                                "or ~/.aws/credentials, like 'lab' (printable, no surrounding spaces)")
+    return value or None
+
+
+def _check_int(value: object, what: str, minimum: int) -> int:
+    # bool is an int to Python; workers=True is a mistake, not 1.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidTypeError(f"{what} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise InvalidInputError(f"{what} must be at least {minimum}, not {value}")
+    return value
+
+
+def _check_seconds(value: object, what: str) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise InvalidTypeError(f"{what} must be a number of seconds (int or float), not {type(value).__name__}")
+    # botocore passes it to the socket: 0 would mean non-blocking, a negative one or NaN raises a raw ValueError.
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidInputError(f"{what} must be a positive, finite number of seconds, like 5.0, not {value!r}")
+    return float(value)
+
+
 def parse_url(url: str) -> Tuple[str, str]:
-    """``"s3://bucket/some/prefix"`` -> ``("bucket", "some/prefix/")`` (prefix ``""`` for the bucket root)."""
+    """``"s3://bucket/some/prefix"`` -> ``("bucket", "some/prefix/")`` (prefix ``""`` for the bucket root).
+
+    :class:`InvalidTypeError` for a non-str; :class:`InvalidInputError` (one line: the URL is shown
+    escaped) for another scheme, a control character anywhere, a bucket name outside S3's rules,
+    or a ``.``/``..`` prefix segment.
+    """
     if not isinstance(url, str):
         raise InvalidTypeError(f"a remote URL is a str like 's3://bucket/prefix', not {type(url).__name__}")
     if not url.startswith("s3://"):
         raise InvalidInputError(f"remote URL {url!r} must start with 's3://' (s3://bucket/prefix)")
+    m = _CONTROL.search(url)
+    if m is not None:
+        raise InvalidInputError(f"remote URL {url!r} contains the control character U+{ord(m.group()):04X}; "
+                                "use a URL like 's3://bucket/prefix' without it")
     rest = url[len("s3://"):]
     bucket, _, prefix = rest.partition("/")
-    if not _BUCKET_RE.fullmatch(bucket):
-        raise InvalidInputError(f"remote URL {url!r}: {bucket!r} is not a valid bucket name")
+    if not _BUCKET_RE.fullmatch(bucket) or ".." in bucket or _is_ipv4(bucket):
+        raise InvalidInputError(f"remote URL {url!r}: {bucket!r} is not a valid S3 bucket name ({_BUCKET_RULES})")
     parts = [p for p in prefix.split("/") if p]
     if any(p in (".", "..") for p in parts):
         raise InvalidInputError(f"remote URL {url!r}: the prefix may not contain '.' or '..' segments")
     return bucket, "".join(p + "/" for p in parts)
+
+
+def _is_ipv4(name: str) -> bool:
+    """S3 refuses bucket names formatted as an IP address (``192.168.5.4``)."""
+    try:
+        ipaddress.IPv4Address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def check_remote_name(name: object) -> str:
+    """``name`` if it is a valid remote name (``origin``, ``lab-2``), else a typed error."""
+    if not isinstance(name, str):
+        raise InvalidTypeError(f"a remote name must be a str like 'origin', not {type(name).__name__}")
+    if not _NAME_RE.fullmatch(name):
+        raise InvalidInputError(
+            f"invalid remote name {name!r}: use letters, digits, '.', '_' and '-' (up to 64), e.g. 'origin'"
+        )
+    return name
 
 
 class Remote:
@@ -81,6 +228,13 @@ class Remote:
     objects only, as before issue 16).
 
     ``remote.objects`` and ``remote.refs`` are its object and refs layers.
+
+    Every argument is checked here (docs/remotes.md, "What a remote's settings may be"):
+    :class:`~casstore.errors.InvalidTypeError` for a wrong type,
+    :class:`~casstore.errors.InvalidInputError` for a wrong value (a bucket name outside S3's
+    rules, a control character in the URL, an ``endpoint_url`` that is not
+    ``http(s)://host[:port][/path]`` or holds credentials, a non-positive timeout ...), each
+    naming the argument; nothing is sent to the server.
     """
 
     def __init__(self, url: str, *, endpoint_url: Optional[str] = None, region: Optional[str] = None,
@@ -89,13 +243,29 @@ class Remote:
                  max_attempts: int = 3, connect_timeout: float = 5.0, read_timeout: float = 60.0,
                  progress: Optional[bool] = None, session: Optional[boto3.session.Session] = None,
                  chunking: Optional[Chunking] = DEFAULT_CHUNKING) -> None:
+        # Every argument is checked here, where it enters (docs/security.md, class 11): a bad value
+        # used to surface at the first request as a raw ValueError/TypeError from botocore
+        # ("Invalid endpoint: ..."), and credentials in endpoint_url were printed by describe().
+        self.bucket, self.prefix = parse_url(url)
         self.url = url
         """``s3://bucket/prefix`` as given."""
-        self.bucket, self.prefix = parse_url(url)
-        self.endpoint_url = endpoint_url or None
+        self.endpoint_url = check_endpoint_url(endpoint_url)
         """The server (``None``: AWS)."""
-        self.region = region or None
-        self.profile = profile or None
+        self.region = check_region(region)
+        self.profile = check_profile(profile)
+        if name is not None:
+            check_remote_name(name)
+        for what, v, least in (("workers", workers, 1), ("multipart_threshold", multipart_threshold, 0),
+                               ("multipart_chunksize", multipart_chunksize, 1), ("max_attempts", max_attempts, 1)):
+            _check_int(v, what, least)
+        connect_timeout = _check_seconds(connect_timeout, "connect_timeout")
+        read_timeout = _check_seconds(read_timeout, "read_timeout")
+        if progress is not None and not isinstance(progress, bool):
+            raise InvalidTypeError(f"progress must be True, False or None (only on a terminal), "
+                                   f"not {type(progress).__name__}")
+        if chunking is not None and not isinstance(chunking, Chunking):
+            raise InvalidTypeError(f"chunking must be a casstore.objects.chunking.Chunking or None (whole objects), "
+                                   f"not {type(chunking).__name__}")
         self.name = name
         """The name in ``remotes.toml`` (``None`` for a remote made from a URL)."""
         self.progress = progress
@@ -172,17 +342,39 @@ def _load_doc(store: Store) -> Dict[str, object]:
         raise StoreFormatError(f"{p} is not valid TOML ({e}); fix or remove it") from None
 
 
-def _remotes_of(doc: Dict[str, object], p: Path) -> Dict[str, Dict[str, str]]:
+_CHECKS = {"url": parse_url, "endpoint_url": check_endpoint_url, "region": check_region, "profile": check_profile}
+
+
+def _remotes_of(doc: Dict[str, object], p: Path, *, check: bool = True) -> Dict[str, Dict[str, str]]:
+    """The ``[remotes]`` tables of ``doc``, each setting checked as ``Remote(...)`` checks it.
+
+    Hazard: ``remotes.toml`` may be edited by hand, by another tool or by someone else (a shared
+    store): a value ``remote add`` would refuse (a malformed endpoint, credentials in it, a URL
+    with a newline, a name like ``../../evil``) is a :class:`StoreFormatError` naming the file, the
+    remote and the key (docs/security.md, class 8), never a raw error at first use.  ``check=False``
+    only checks the types (``remove_remote``: the way out of a damaged entry must not be blocked by it).
+    """
     remotes = doc.get("remotes", {})
     if not isinstance(remotes, dict):
         raise StoreFormatError(f"{p}: [remotes] must be a table")
     out: Dict[str, Dict[str, str]] = {}
     for name, cfg in remotes.items():
+        if check and not _NAME_RE.fullmatch(name):
+            raise StoreFormatError(f"{p}: [remotes.{name!r}] is not a valid remote name (letters, digits, '.', '_' "
+                                   "and '-', up to 64, e.g. 'origin'); rename that table or remove it")
         if not isinstance(cfg, dict) or not isinstance(cfg.get("url"), str):
             raise StoreFormatError(f"{p}: remote {name!r} has no url")
         for k in _SETTINGS:
             if k in cfg and not isinstance(cfg[k], str):
-                raise StoreFormatError(f"{p}: remote {name!r}: {k} = {cfg[k]!r} must be a string")
+                shown = repr(cfg[k]) if k != "endpoint_url" else type(cfg[k]).__name__
+                raise StoreFormatError(f"{p}: remote {name!r}: {k} = {shown} must be a string")
+            if check and k in cfg:
+                try:
+                    _CHECKS[k](cfg[k])
+                except (InvalidInputError, InvalidTypeError) as e:
+                    # The checkers' messages never echo credentials (an endpoint is shown redacted).
+                    raise StoreFormatError(f"{p}: remote {name!r}: {k}: {e}; fix that line, or remove the remote "
+                                           f"(`casstore remote rm {name}`) and add it again") from None
         out[name] = {k: cfg[k] for k in _SETTINGS if k in cfg}
     return out
 
@@ -233,12 +425,18 @@ def _config_lock(store: Store) -> FileLock:
 
 def add_remote(store: Store, name: str, url: str, *, endpoint_url: Optional[str] = None,
                region: Optional[str] = None, profile: Optional[str] = None, replace: bool = False) -> Remote:
-    """Record remote ``name`` in ``<root>/remotes.toml`` (atomically); return it."""
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        raise InvalidInputError(
-            f"invalid remote name {name!r}: use letters, digits, '.', '_' and '-' (up to 64), e.g. 'origin'"
-        )
+    """Record remote ``name`` in ``<root>/remotes.toml`` (atomically); return it.
+
+    Every setting is checked first, as :class:`Remote` checks it (nothing is written for a bad
+    one): a URL outside ``s3://bucket/prefix`` or with control characters, an ``endpoint_url``
+    that is not ``http(s)://host[:port][/path]`` or that holds credentials, a malformed region
+    or profile.
+    """
+    check_remote_name(name)
     parse_url(url)
+    endpoint_url = check_endpoint_url(endpoint_url)
+    region = check_region(region)
+    profile = check_profile(profile)
     with _config_lock(store):
         remotes = load_remotes(store)
         if name in remotes and not replace and remotes[name].get("url") != url:
@@ -255,14 +453,20 @@ def add_remote(store: Store, name: str, url: str, *, endpoint_url: Optional[str]
 
 
 def remove_remote(store: Store, name: str) -> None:
-    """Forget remote ``name`` (nothing on the remote is touched)."""
+    """Forget remote ``name`` (nothing on the remote is touched).
+
+    Works on an entry that fails the checks of :func:`load_remotes` (the errors of a damaged
+    ``remotes.toml`` point here); the other entries are written back as they were.
+    """
     with _config_lock(store):
-        remotes = load_remotes(store)
+        doc = _load_doc(store)
+        p = _remotes_path(store)
+        remotes = _remotes_of(doc, p, check=False)
         if name not in remotes:
-            raise ObjectNotFoundError(f"no remote named {name!r} in {_remotes_path(store)}")
+            raise ObjectNotFoundError(f"no remote named {name!r} in {p}")
         del remotes[name]
-        up = load_upstream(store)
-        _write_remotes(store, remotes, None if up == name else up)
+        up = doc.get("upstream")
+        _write_remotes(store, remotes, up if isinstance(up, str) and up != name else None)
 
 
 def set_upstream(store: Store, name: Optional[str]) -> None:
