@@ -4,7 +4,10 @@
 hashing as it goes and checking any published checksum); every other
 process asking at the same time waits on the record's name lock and then
 reads the stored object.  The URL -> digest record is the head
-``_fetch/<sha256(url)[:40]>`` (:func:`fetch_name`).
+``_fetch/<sha256(key)[:40]>`` (:func:`fetch_name`), where the key is the URL
+with its secrets redacted (and a presigned URL's signing times left out): a
+name computed from the raw URL was an offline oracle for its password or
+token to anyone who could list the store or the remote (bug hunt, item 1).
 
 Why this is safe:
 
@@ -20,25 +23,35 @@ a size limit (the ``Content-Length`` when announced, else ``max_bytes`` or
 the ``fetch_max_bytes`` setting, 64 GiB by default), a per-read timeout and an overall deadline,
 bodies longer or shorter than announced refused, a redirect limit,
 secrets in the URL redacted from every log line, error, progress text and
-the stored record, and ``file://`` FIFOs, devices and links refused at once.
+the stored record, and ``file://`` FIFOs, devices, links and kernel
+pseudo-files (procfs, sysfs, ...) refused at once.  Every download also stops
+with :class:`~casstore.errors.DiskFullError` before it would leave the store's
+filesystem less than :func:`_space_floor` free (a source of unknown size must
+not fill a shared disk on its way to the cap).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
+import re
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Dict, FrozenSet, Mapping, Optional, Tuple, Union
 
+from .._faults import fault
+from .._fs import free_bytes
 from .._progress import Progress
 from ..codecs import RAW
 from ..digest import Digest, new_hasher
 from ..errors import (
     BackendError,
     CasstoreError,
+    DiskFullError,
     IntegrityError,
     InvalidInputError,
     InvalidTypeError,
@@ -77,18 +90,104 @@ CHUNK = 1 << 20
 FLUSH_EVERY = 8 << 20
 """Bytes between background flushes of a download into a durable store (overlaps the disk with the network)."""
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+SPACE_FLOOR_MAX = 1 << 30
+"""Free space a download never eats into, at most (:func:`_space_floor`): 1 GiB, or 1% of a smaller filesystem."""
+FLOOR_EXEMPT = 16 << 20
+"""A download's first bytes never trip the floor: a small file fits on a nearly full disk (ENOSPC still stops it)."""
 _CHECKSUMS = ("sha256", "md5")
 
 
+# Presigned URLs: where the scheme's signature parameter is present, these parameters say only
+# when the signature is valid -- never what is served -- and change at every signing.  Left in the
+# key, each freshly signed URL of the same object would be a new record and a new download.
+_SIGNING_TIMES: Tuple[Tuple[str, FrozenSet[str]], ...] = (
+    ("x-amz-signature", frozenset({"x-amz-date", "x-amz-expires"})),  # AWS SigV4 (S3, R2, MinIO, ...)
+    ("x-goog-signature", frozenset({"x-goog-date", "x-goog-expires"})),  # GCS V4
+    ("signature", frozenset({"expires"})),  # S3 SigV2 query auth, GCS V2, CloudFront canned policy
+    ("sig", frozenset({"st", "se"})),  # Azure SAS: start and expiry
+)
+
+
+_KEY_SECRETS = frozenset({
+    "token", "access_token", "id_token", "refresh_token", "auth", "auth_token", "authorization", "api_key",
+    "apikey", "api-key", "password", "passwd", "pwd", "pass", "secret", "client_secret", "signature", "sig",
+    "x-amz-signature", "x-amz-credential", "x-amz-security-token", "x-goog-signature", "x-goog-credential",
+    "session", "sessionid", "session_id", "cookie", "credential", "credentials",
+})
+"""Query parameters whose values a record's name never depends on (exact names, any case)."""
+
+_USERINFO_KEY = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:)?//[^/?#]*@")
+
+
+def _record_key(url: str) -> str:
+    """The secret-free form of ``url`` its record is named after.
+
+    Left out: ``user:pass@``, the fragment, the values of the query parameters in
+    :data:`_KEY_SECRETS`, and in a presigned URL its signing time and expiry
+    (:data:`_SIGNING_TIMES`), so a secret cannot be found by hashing guesses, and a
+    re-signed URL of the same resource is the same record.  Matched by *exact*
+    name: :func:`~casstore.pipelines.http.redact` (what messages and the record
+    show) also hides any parameter whose name merely contains ``auth``, ``key``
+    or ``sig``, and naming records after that made ``?author=a`` and
+    ``?author=b`` one record, the second fetch returning the first one's bytes.
+    """
+    head = url.partition("#")[0]
+    head = _USERINFO_KEY.sub(lambda m: f"{m.group(1) or ''}//", head, count=1)
+    base, qmark, query = head.partition("?")
+    if not query:
+        return head
+    params = query.split("&")
+    names = [urllib.parse.unquote(p.partition("=")[0]).lower() for p in params]
+    drop: FrozenSet[str] = frozenset()
+    for signature, times in _SIGNING_TIMES:
+        if signature in names:
+            drop |= times
+    kept = [f"{p.partition('=')[0]}=***" if n in _KEY_SECRETS else p
+            for p, n in zip(params, names, strict=True) if n not in drop]
+    return f"{base}{qmark}{'&'.join(kept)}"
+
+
 def _url_key(url: str) -> str:
-    return hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+    return hashlib.sha256(_record_key(url).encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
+def _legacy_name(url: str) -> str:
+    """The name casstore < this version gave the record: the hash of the raw URL, secrets and all."""
+    return f"_fetch/{hashlib.sha256(url.encode('utf-8', 'surrogatepass')).hexdigest()[:40]}"
 
 
 def fetch_name(url: str) -> str:
-    """The head recording a URL's download: ``_fetch/<sha256(url)[:40]>``."""
+    """The head recording a URL's download: ``_fetch/<sha256(key)[:40]>``.
+
+    The key is the URL without ``user:pass@``, its fragment and the values of
+    well-known secret parameters, and in a presigned URL without the signing
+    time and expiry (:func:`_record_key`).  So the name reveals nothing about
+    those secrets, the same resource fetched with a refreshed token or
+    signature is the same record, and two URLs that differ only in them name
+    the same record.
+    """
     if not isinstance(url, str):
         raise InvalidTypeError(f"a URL must be a str, not {type(url).__name__}")
     return f"_fetch/{_url_key(url)}"
+
+
+def _adopt_legacy(store: Store, src: Source, name: str, timeout: Optional[float]) -> None:
+    """Rename a record of this URL under its pre-redaction name (:func:`_legacy_name`) to ``name``.
+
+    Keeps a download made by an older casstore usable without downloading it
+    again, and removes the secret-derived name from this store.  Best effort:
+    any failure (a race, a read-only store, a pin) leaves it, and the URL is
+    downloaded once more under the new name.  Only this store: a record on a
+    remote keeps its old name (docs/pipelines.md says how to remove it).
+    """
+    old = _legacy_name(src.url)
+    if old == name or store.refs.get("heads", old) is None or store.refs.get("heads", name) is not None:
+        return
+    try:
+        store.rename(old, name, timeout=timeout)
+        log.info("fetch %s: renamed its record %s to %s (names no longer depend on secrets)", src.shown, old, name)
+    except CasstoreError as e:
+        log.debug("fetch %s: left the old record %s (%s)", src.shown, old, type(e).__name__)
 
 
 def _expected(digest: object, sha256: object, md5: object) -> Tuple[Optional[Digest], Dict[str, str]]:
@@ -145,8 +244,10 @@ def fetch(store: Store, url: str, *, digest: Optional[Union[Digest, str]] = None
     longer than its ``Content-Length``, is an :class:`IntegrityError` and
     stores nothing.  At most 10 redirects, only to ``http(s)``.
 
-    ``file://`` URLs must name a regular file (not a FIFO, device, directory
-    or symbolic link).  Credentials (``user:pass@``, sent as HTTP Basic auth)
+    ``file://`` URLs must name a regular file (not a FIFO, device, directory,
+    symbolic link or kernel pseudo-file such as ``/proc/...``).  A download
+    stops with :class:`~casstore.errors.DiskFullError` before it would leave
+    less than 1% (at most 1 GiB) of the store's filesystem free.  Credentials (``user:pass@``, sent as HTTP Basic auth)
     and token-like query parameters never appear in logs, errors, progress
     text or the record.  The record is the head :func:`fetch_name`; its
     metadata holds the (redacted) URL, the time, who fetched it, the
@@ -176,6 +277,7 @@ def fetch(store: Store, url: str, *, digest: Optional[Union[Digest, str]] = None
     name = fetch_name(src.url)
     forced = in_scope(cfg.force_download if scope is None else scope, src.url, src.shown, name)
     lock_timeout = lock_seconds(timeout, cfg.lock_timeout, "timeout")
+    _adopt_legacy(store, src, name, lock_timeout)
     if not refresh:
         hit = _fetch_hit(store, name, want_digest, want, forced=forced)
         if isinstance(hit, Digest):
@@ -324,6 +426,21 @@ def _file_unchanged(src: Source, meta: Mapping[str, object]) -> bool:
     return meta.get("mtime_ns") == st.st_mtime_ns and meta.get("size") == st.st_size
 
 
+def _space_floor(path: str) -> int:
+    """Bytes a download leaves free on the filesystem of ``path``: 1% of it, at most :data:`SPACE_FLOOR_MAX`.
+
+    Why: a source of unknown size (no Content-Length, a file that grows) may
+    be as large as the cap, 64 GiB by default; without a floor it fills a
+    shared disk -- failing every other writer there -- before it fails
+    itself (bug hunt item 3: ``/proc/self/pagemap``).  0 where unknown.
+    """
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 0
+    return min(SPACE_FLOOR_MAX, st.f_blocks * st.f_frsize // 100)
+
+
 class _Sink:
     """The staging file and the running hashes of one download.
 
@@ -335,6 +452,12 @@ class _Sink:
     store has the staging file flushed every :data:`FLUSH_EVERY` bytes by a
     helper thread (I/O, not CPU), so the fsync before the rename only writes
     the tail.
+
+    Free space is checked as bytes arrive (:meth:`_check_space`): the
+    download stops with :class:`DiskFullError` before it would leave less
+    than :func:`_space_floor` free.  Checks are spaced at half the headroom
+    left, so a large disk costs a handful of ``statvfs`` calls, a nearly full
+    one a check every chunk.
     """
 
     def __init__(self, st: Staging, algos: Tuple[str, ...], bar: Progress, *, durable: bool = False) -> None:
@@ -346,6 +469,9 @@ class _Sink:
         self._flush = threading.Event()
         self._flusher: Optional[threading.Thread] = None
         self._done = False
+        self._where = str(st.path.parent)
+        self._floor = _space_floor(self._where)
+        self._check_at = 0  # the byte count at which free space is looked at next
         self.reset(truncate=False)
         if durable:
             self._flusher = threading.Thread(target=self._flush_loop, name="casstore-fetch-flush", daemon=True)
@@ -369,6 +495,7 @@ class _Sink:
             os.lseek(self.st.fd, 0, os.SEEK_SET)
         self.got = 0
         self._flushed = 0
+        self._check_at = 0
         self.blake = new_hasher()
         self.sums = {a: hashlib.new(a) for a in self.algos}
         self.bar.done = 0
@@ -380,6 +507,8 @@ class _Sink:
                 f"download of {src.shown} exceeds {cap} bytes (its Content-Length, max_bytes or the default "
                 "limit); nothing was stored -- pass max_bytes= to allow a larger download"
             )
+        if self.got + len(chunk) >= self._check_at:
+            self._check_space(len(chunk), src)
         self.blake.update(chunk)
         for h in self.sums.values():
             h.update(chunk)
@@ -389,6 +518,23 @@ class _Sink:
         if self._flusher is not None and self.got - self._flushed >= FLUSH_EVERY:
             self._flushed = self.got
             self._flush.set()
+
+    def _check_space(self, n: int, src: Source) -> None:
+        """DiskFullError (before writing) if ``n`` more bytes would leave less than the floor free."""
+        free = free_bytes(self._where)
+        if free is None:  # unknown (statvfs failed): ENOSPC on write is still a DiskFullError
+            self._check_at = self.got + n + FLUSH_EVERY
+            return
+        headroom = free - self._floor
+        if n > headroom and self.got + n > FLOOR_EXEMPT:
+            raise DiskFullError(
+                f"download of {src.shown} stopped after {self.got} bytes: only {free:,} bytes are free under "
+                f"{self._where}, and a download leaves {self._floor:,} free for everyone else; nothing was "
+                "stored -- free space (casstore gc, store.limit), or pass max_bytes= if the source may be "
+                "larger than expected",
+                errno.ENOSPC,
+            )
+        self._check_at = self.got + n + (max(n, (headroom - n) // 2) if headroom > n else 0)
 
     def finish(self) -> Tuple[Digest, Dict[str, str]]:
         """(BLAKE3 digest, checksums asked for) of everything written; stops the flusher."""
@@ -449,21 +595,38 @@ def _download(store: Store, src: Source, want_digest: Optional[Digest], want: Di
 
 
 def _read_file(src: Source, sink: _Sink, max_bytes: Optional[int], end: float) -> Dict[str, object]:
-    """Read a ``file://`` source into ``sink``; its validators (mtime_ns, size at open) for ``refresh``."""
+    """Read a ``file://`` source into ``sink``; its validators (mtime_ns, size at open) for ``refresh``.
+
+    A failing read (EIO, EINVAL: a file that opens but cannot be read front to
+    back) is a :class:`BackendError` naming the (redacted) URL, never a bare
+    ``OSError`` (bug hunt item 2).
+    """
     fd, size = open_file(src)
     try:
-        fst = os.fstat(fd)
-        validators: Dict[str, object] = {"mtime_ns": fst.st_mtime_ns, "size": fst.st_size}
-        sink.bar.total = size
-        # A file that grows while read is read to its end (what is hashed is what is stored), up to the cap.
-        cap = max_bytes if max_bytes is not None else max(size, current().fetch_max_bytes)
-        while True:
-            if time.monotonic() >= end:
-                raise NetworkTimeout(f"reading {src.shown} did not finish by its deadline")
-            chunk = os.read(fd, CHUNK)
-            if not chunk:
-                return validators
-            sink.add(chunk, cap, src)
+        validators: Dict[str, object] = {"mtime_ns": 0, "size": size}
+        try:
+            fst = os.fstat(fd)
+            validators = {"mtime_ns": fst.st_mtime_ns, "size": fst.st_size}
+            sink.bar.total = size
+            # A file that grows while read is read to its end (what is hashed is what is stored), up to the cap.
+            cap = max_bytes if max_bytes is not None else max(size, current().fetch_max_bytes)
+            while True:
+                if time.monotonic() >= end:
+                    raise NetworkTimeout(f"reading {src.shown} did not finish by its deadline")
+                fault("fetch.read")  # tests: a read that fails (EIO) on a file that opened fine
+                chunk = os.read(fd, CHUNK)
+                if not chunk:
+                    return validators
+                sink.add(chunk, cap, src)
+        except CasstoreError:
+            raise  # the sink's own errors (cap, disk full) are already typed
+        except OSError as e:
+            code = errno.errorcode.get(e.errno or 0, "?")
+            raise BackendError(
+                f"reading {src.shown} failed after {sink.got} bytes: {src.scrub(e.strerror or str(e))} [{code}]; "
+                "nothing was stored -- fetch reads regular files front to back: copy this one to a regular "
+                "file and fetch that"
+            ) from None
     finally:
         os.close(fd)
 

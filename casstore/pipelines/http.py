@@ -24,7 +24,9 @@ Hazards, and what answers each:
 * **Local files that are not files.**  A ``file://`` URL is opened with
   ``O_NOFOLLOW | O_NONBLOCK`` and must ``fstat`` as a regular file: a FIFO
   (which would block forever), a device (``/dev/zero`` never ends), a
-  directory or a symbolic link is refused at once.
+  directory, a symbolic link or a kernel pseudo-file (procfs, sysfs, ...:
+  ``/proc/self/pagemap`` reports size 0 and never ends) is refused at once.
+  A path no file can have (``%00``) is an :class:`InvalidInputError`.
 """
 
 from __future__ import annotations
@@ -178,6 +180,11 @@ def parse_source(url: object) -> Source:
         path = urllib.parse.unquote(parts.path)  # urllib.request.url2pathname on POSIX
         if not path or not path.startswith("/"):
             raise InvalidInputError(f"malformed URL {shown!r}: no path")
+        if "\0" in path:
+            # %00 decodes to NUL, which no POSIX path can hold: os.open would raise a bare ValueError
+            # ("embedded null byte") that escaped as "fetch failed unexpectedly" (bug hunt, item 2).
+            raise InvalidInputError(f"malformed URL {shown!r}: %00 (a NUL byte) cannot be part of a file's path; "
+                                    "check how the URL was built")
         return Source(url, shown, scheme, "", 0, "", path, None, tuple(secrets))
     if not hostname:
         raise InvalidInputError(f"malformed URL {shown!r}: no host")
@@ -202,11 +209,50 @@ def parse_source(url: object) -> Source:
 # -- file:// ---------------------------------------------------------------------------------
 
 
+# Kernel pseudo-filesystems (statfs f_type, linux/magic.h).  Their "regular files" are views of
+# kernel state: st_size says nothing about what a read returns (procfs reports 0, sysfs 4096),
+# some never end (/proc/self/pagemap: a read to the end filled the disk before the 64 GiB cap,
+# bug hunt item 3), some block forever (tracefs trace_pipe) or fail at once (/proc/self/mem: EIO).
+_PSEUDO_FS: Dict[int, str] = {
+    0x9FA0: "procfs",
+    0x62656572: "sysfs",
+    0x64626720: "debugfs",
+    0x74726163: "tracefs",
+    0x73636673: "securityfs",
+    0x62656570: "configfs",
+    0x0027E0EB: "cgroupfs",
+    0x63677270: "cgroup2fs",
+    0xCAFE4A11: "bpffs",
+    0xDE5E81E4: "efivarfs",
+}
+
+
+def _fs_type(fd: int) -> Optional[int]:
+    """The ``f_type`` of the filesystem holding ``fd`` (``fstatfs(2)``); ``None`` where unknown (not Linux)."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fstatfs = libc.fstatfs
+    except (OSError, AttributeError):  # pragma: no cover - a libc without fstatfs
+        return None
+    buf = ctypes.create_string_buffer(512)  # struct statfs is 120 bytes on 64-bit Linux, 84 on 32-bit
+    if fstatfs(fd, buf) != 0:
+        return None
+    # f_type is the first member (__fsword_t: a C long) on every Linux ABI.
+    return ctypes.c_ulong.from_buffer(buf).value & 0xFFFFFFFF
+
+
 def open_file(src: Source) -> Tuple[int, int]:
     """Open a ``file://`` source without following a link or blocking: ``(fd, size)``.
 
-    A FIFO, a device, a directory or a symbolic link is refused at once with
-    :class:`InvalidInputError`; a missing file is :class:`ObjectNotFoundError`.
+    A FIFO, a device, a directory, a symbolic link or a kernel pseudo-file
+    (procfs, sysfs, debugfs, ...: :data:`_PSEUDO_FS`) is refused at once with
+    :class:`InvalidInputError`; a missing file is :class:`ObjectNotFoundError`,
+    any other failure to open it :class:`BackendError` naming the URL.
     """
     try:
         fd = os.open(src.path, _FILE_FLAGS)
@@ -218,13 +264,24 @@ def open_file(src: Source) -> Tuple[int, int]:
                 f"{src.shown} is a symbolic link; fetch reads regular files only -- "
                 f"fetch its target ({os.path.realpath(src.path)}) instead"
             ) from None
-        raise BackendError(f"cannot open {src.shown}: {e.strerror}") from None
+        if e.errno == errno.ENXIO:  # a UNIX socket (or a device without a driver): nothing to read
+            raise InvalidInputError(f"{src.shown} is a socket or a special file, not a regular file; "
+                                    "fetch reads regular files only") from None
+        raise BackendError(f"cannot open {src.shown}: {e.strerror} [{errno.errorcode.get(e.errno or 0, '?')}]; "
+                           "check that the file exists and that you may read it") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
                     else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a special file")
             raise InvalidInputError(f"{src.shown} is {kind}, not a regular file; fetch reads regular files only")
+        pseudo = _PSEUDO_FS.get(_fs_type(fd) or 0)
+        if pseudo is not None:
+            raise InvalidInputError(
+                f"{src.shown} is a {pseudo} pseudo-file (kernel state, not stored bytes: its size is not "
+                "known and a read may never end); fetch reads regular files only -- to keep a snapshot, "
+                "store.put_path() it or copy it to a regular file and fetch that"
+            )
         os.set_blocking(fd, True)  # a regular file: reads never block anyway
     except BaseException:
         os.close(fd)
