@@ -830,9 +830,12 @@ def remote_cache_dir(url: str, *, endpoint_url: Optional[str] = None, cache: Opt
 
 def _open_remote_cache(url: str, *, endpoint_url: Optional[str], cache: Optional[PathLike],
                        compress: CompressArg, durable: Optional[bool], lock_mode: str) -> Store:
+    from .sync import check_endpoint_url, load_upstream, parse_url
+
+    parse_url(url)  # both checked before the cache directory is made (a refused one left it behind)
+    check_endpoint_url(endpoint_url)
     root = remote_cache_dir(url, endpoint_url=endpoint_url, cache=cache)
     root.parent.mkdir(parents=True, exist_ok=True)
-    from .sync import load_upstream
 
     store = Store(root, compress=compress, durable=durable, lock_mode=lock_mode, upstream=False)
     want = {"url": url, **({"endpoint_url": endpoint_url} if endpoint_url else {})}

@@ -79,6 +79,9 @@ def test_invalid_endpoint_url_is_refused_at_add_and_at_construction(tmp_path: Pa
     assert not (s.root / "remotes.toml").exists()
     with pytest.raises(casstore.InvalidInputError, match="endpoint_url"):
         casstore.Remote("s3://hunt/p7", endpoint_url=endpoint)
+    with pytest.raises(casstore.InvalidInputError, match="endpoint_url"):  # a store that caches a remote:
+        casstore.open("s3://hunt/p7", endpoint_url=endpoint, cache=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()  # refused before its cache directory was made
 
 
 def test_cli_remote_add_refuses_an_invalid_endpoint_in_one_line(tmp_path: Path) -> None:

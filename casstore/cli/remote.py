@@ -184,7 +184,8 @@ def register(add: Add) -> None:
     sp = add("push", cmd_push, "upload pins/heads (all if none named) and the objects the remote lacks")
     sp.add_argument("remote", metavar="NAME", help="a remote from `casstore remote ls`")
     sp.add_argument("names", nargs="*", metavar="PIN|HEAD", help="names to transfer (default: all)")
-    sp.add_argument("--force", action="store_true", help="overwrite a diverged remote head (never a pin)")
+    sp.add_argument("--force", action="store_true",
+                    help="overwrite a diverged remote head (never a pin), or replace a damaged ref")
     sp.add_argument("--workers", type=workers_arg, default=None, help="parallel transfers (default 16)")
     sp.add_argument("--json", action="store_true")
     sp = add("pull", cmd_pull, "download pins/heads (all if none named), verifying every object")

@@ -32,9 +32,11 @@ from .remote_gc import RemoteGCPlan, RemoteGCResult, RemoteNameUsage, RemoteUsag
 from .remotes import (
            Remote,
            add_remote,
+           check_endpoint_url,
            get_remote,
            load_remotes,
            load_upstream,
+           parse_url,
            remove_remote,
            resolve_remote,
            set_upstream,
@@ -44,5 +46,5 @@ from .transfer import TransferReport
 
 __all__ = ["Remote", "TransferReport", "push", "pull", "fetch_object", "merge_versions", "load_remotes",
            "add_remote", "remove_remote", "get_remote", "RemoteUpstream", "load_upstream", "set_upstream",
-           "resolve_remote", "S3Share", "share", "RemoteGCPlan", "RemoteGCResult", "RemoteUsage",
-           "RemoteNameUsage", "plan_remote_gc", "remote_usage"]
+           "resolve_remote", "check_endpoint_url", "parse_url", "S3Share", "share", "RemoteGCPlan",
+           "RemoteGCResult", "RemoteUsage", "RemoteNameUsage", "plan_remote_gc", "remote_usage"]
