@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import casstore
-from casstore.cache import IndexCache
+from casstore.cache import VERIFY_MODES, IndexCache
 
 
 def payload(i: int, n: int) -> bytes:
@@ -340,3 +340,92 @@ def test_format_1_caches_preserved_by_earlier_versions_still_open_and_check(stor
     flip(path, 64 + 3)  # and the CRC-32 one
     with pytest.raises(casstore.IntegrityError, match="record 0"):
         IndexCache.open(store, "old", verify="record").get(0)
+
+
+# -- a table entry that points outside the data region -------------------------------------
+#
+# Hazard (bug hunt): the table CRC and the footer CRC are only as good as whoever computed them.
+# A hostile or buggy writer that rewrites a slot, recomputes the record checksum over what a
+# get would return and fixes both CRCs made open, get and verify accept a record at offset
+# 10**15 (the mmap slice is b'') or over the footer (b'CSICFOOT').  docs/index-cache.md: a
+# present record lies in 64 <= offset <= end <= data_end; anything else is an IntegrityError.
+
+
+def _with_slot(blob: bytes, i: int, off: int, end: int) -> bytes:
+    """``blob`` (a valid frozen file) with slot ``i`` rewritten to ``[off, end)``, its checksum
+    set to XXH3 of what ``file[off:end]`` gives, its tag right, and the table and footer CRCs fixed:
+    every check but the bounds one passes."""
+    from xxhash import xxh3_64_intdigest
+
+    from casstore.cache import _tag
+
+    b = bytearray(blob)
+    fo = len(b) - _FOOTER.size
+    table_off = _FOOTER.unpack_from(b, fo)[4]
+    s = xxh3_64_intdigest(bytes(b[off:end]))
+    fl = 1 | 4  # present, XXH3-64
+    struct.pack_into("<QQQQ", b, table_off + 32 * i, off, end, s, fl | _tag(i, off, end, s, fl) << 32)
+    _fix_crcs(b)
+    return bytes(b)
+
+
+def _preserve_bytes(store: casstore.Store, name: str, blob: bytes, length: int) -> None:
+    from casstore.cache import ENTRY_KEY, KIND
+    from casstore.manifests.model import Entry, encode_manifest
+
+    d = store.put(blob, compress=False)
+    md = store.put(encode_manifest({ENTRY_KEY: Entry(d, len(blob))}, {"kind": KIND, "length": length, "format": 2},
+                                   None), compress=False)
+    store.pin(name, md)
+
+
+@pytest.mark.parametrize("engine", ["numpy", "plain"])
+@pytest.mark.parametrize("where", ["far", "footer", "table", "straddles-data-end", "header", "reversed"])
+def test_table_entry_outside_the_data_region_is_refused_at_open(store: casstore.Store, where: str, engine: str,
+                                                                capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from casstore.cli import main
+
+    recs = {i: payload(i, 100 + i) for i in range(4)}
+    c = build(store, recs, 4)
+    d = c.preserve("good")
+    c.close()
+    blob = store.get(d)
+    fo = len(blob) - _FOOTER.size
+    _m, _f, _s, _l, table_off, data_end, *_rest = _FOOTER.unpack_from(blob, fo)
+    off, end = {
+        "far": (10**15, 10**15 + 4),
+        "footer": (fo, fo + 8),
+        "table": (table_off, table_off + 32),
+        "straddles-data-end": (data_end - 4, data_end + 4),
+        "header": (0, 8),  # a present record starting inside the header
+        "reversed": (200, 100),
+    }[where]
+    bad = _with_slot(blob, 1, off, end)
+    _preserve_bytes(store, "bad", bad, 4)
+    if engine == "plain":  # the entry-by-entry check of a process without numpy (a small table)
+        monkeypatch.setitem(sys.modules, "numpy", None)  # type: ignore[arg-type]
+    for mode in VERIFY_MODES:  # "full"/"open": the whole digest matches (it is the file's true digest)
+        with pytest.raises(casstore.IntegrityError, match=r"record 1 lies outside the data region"):
+            IndexCache.open(store, "bad", verify=mode)
+    capsys.readouterr()
+    assert main(["--store", str(store.root), "cache", "verify", "bad"]) == 1
+    assert "record 1 lies outside the data region" in capsys.readouterr().err
+    # The same bytes with the slot pointing back at its own record open and read as before.
+    fine = _with_slot(blob, 1, 64 + len(recs[0]), 64 + len(recs[0]) + len(recs[1]))
+    _preserve_bytes(store, "fine", fine, 4)
+    o = IndexCache.open(store, "fine", verify="record")
+    assert [o.get(i) for i in range(4)] == [recs[i] for i in range(4)] and o.verify() == 4
+    o.close()
+
+
+def test_empty_record_at_data_end_is_in_bounds(store: casstore.Store) -> None:
+    """The edge the bounds check must keep: an empty record put last has offset == end == data_end."""
+    c = build(store, {0: payload(0, 30), 1: b""}, 3)
+    c.preserve("edge")
+    c.close()
+    o = IndexCache.open(store, "edge", verify="record")
+    assert [o.get(i) for i in range(3)] == [payload(0, 30), b"", None] and o.verify() == 2
+    o.close()
