@@ -42,6 +42,7 @@ __all__ = [
     "sweep_stale",
     "stale_entries",
     "process_token",
+    "dead_writer",
     "syncfs",
     "pwrite_all",
     "pread_upto",
@@ -102,6 +103,16 @@ def process_token() -> str:
         _token_cache.clear()
         _token_cache[pid] = tok
     return tok
+
+
+def dead_writer(name: str) -> bool:
+    """Is ``name`` a staging name of a process of this host that is gone?
+
+    ``<pid>.<start ticks>.<host>.<hex>.<kind>`` (:func:`process_token`); any other name, or one
+    from another host, is False: only a provably dead writer's file may be removed.
+    """
+    m = _TMP_RE.match(name)
+    return m is not None and m.group(3) == _HOST and not _writer_alive(int(m.group(1)), int(m.group(2)))
 
 
 def _writer_alive(pid: int, start: int) -> bool:

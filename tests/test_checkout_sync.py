@@ -507,3 +507,55 @@ def test_a_version_1_record_is_still_read_and_its_files_bytes_vouch_for_them(
     done = store.checkout("n", out, sync=True)
     assert done.removed == ("z",) and done.kept == ("y",)
     assert _record(store)["v"] == 2
+
+
+# -- a checkout killed midway (found by a bug hunt) --------------------------------------------------------
+
+_KILLED_SYNC = """
+import os, signal, sys
+import casstore, casstore._faults as F
+n = [0]
+def hook(point):
+    if point == "manifest.checkout_before_rename":
+        n[0] += 1
+        if n[0] == int(sys.argv[4]):
+            os.kill(os.getpid(), signal.SIGKILL)
+F.hook = hook
+casstore.open(sys.argv[1]).checkout(sys.argv[2], sys.argv[3], sync=True)
+"""
+
+
+def test_a_sync_killed_before_saving_its_record_leaves_no_file_refused_later(s: casstore.Store,
+                                                                             tmp_path: Path) -> None:
+    """The record is saved when a checkout ends: a SIGKILL after 20 of 50 files were replaced left it naming
+    their old digests, and every later sync refused those files as changed (only --force got past)."""
+    for v in (1, 2):
+        with s.edit("a") as m:
+            for i in range(50):
+                m[f"f{i:02d}.txt"] = s.put(f"v{v} file {i}\n".encode())
+    out = tmp_path / "co"
+    s.checkout("a~1", out)
+    r = subprocess.run([sys.executable, "-c", _KILLED_SYNC, str(s.root), "a", str(out), "21"], timeout=120)
+    assert r.returncode == -9
+    assert len(s.checkout("a", out, sync=True)) == 30  # the rest; the 20 replaced before the kill are kept
+    s.checkout("a~1", out, sync=True)  # and they are casstore's again: no "exists with other content"
+    assert _tree(out) == {f"f{i:02d}.txt": f"v1 file {i}\n".encode() for i in range(50)}
+
+
+def test_a_killed_checkouts_temp_file_is_removed_by_the_next_one(s: casstore.Store, tmp_path: Path) -> None:
+    """A checkout SIGKILLed while writing left ``.casstore-...part`` (part of an object) in the folder for good,
+    and a later add stored it as content."""
+    _version(s, "exp", {"sub/a.txt": b"a", "b.txt": b"b"})
+    out = tmp_path / "out"
+    s.checkout("exp", out)
+    gone = subprocess.run([sys.executable, "-c", "from casstore._fs import process_token; print(process_token())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # a writer now dead
+    from casstore._fs import process_token
+    dead = out / "sub" / f".casstore-{gone}.0123456789ab.part"
+    dead.write_bytes(b"half an object")
+    live = out / "sub" / f".casstore-{process_token()}.0123456789ab.part"  # a writer still running
+    live.write_bytes(b"being written")
+    other = out / f".casstore-{gone.split('.')[0]}.1.otherhost.0123456789ab.part"  # another host's: unknowable
+    other.write_bytes(b"x")
+    s.checkout("exp", out)
+    assert not dead.exists() and live.exists() and other.exists()

@@ -55,8 +55,10 @@ import fcntl
 import itertools
 import logging
 import os
+import re
 import shutil
 import stat
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
@@ -64,7 +66,16 @@ from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Optional, Sequ
 import msgpack
 
 from .._faults import fault
-from .._fs import NO_SPACE, copy_exact, disk_full, makedirs, stamp_floor_ns, write_file_atomic
+from .._fs import (
+    NO_SPACE,
+    copy_exact,
+    dead_writer,
+    disk_full,
+    makedirs,
+    process_token,
+    stamp_floor_ns,
+    write_file_atomic,
+)
 from .._fsprobe import settled
 from .._layout import TMP, object_relpath
 from .._progress import Progress
@@ -631,6 +642,7 @@ def _checkout(store: Store, ents: Dict[str, Entry], out: Path, rec: _Record, *, 
         todo = [(k, e, False) for k, e in ents.items()]
     else:
         walker = _Walker(root_fd, out, overwrite=overwrite, create=False)
+        swept: Set[Tuple[str, ...]] = set()
         try:
             for key, e in ents.items():
                 parts = key.split("/")
@@ -638,6 +650,10 @@ def _checkout(store: Store, ents: Dict[str, Entry], out: Path, rec: _Record, *, 
                 if pfd is None:
                     todo.append((key, e, False))
                     continue
+                where = tuple(parts[:-1])
+                if where not in swept:  # (once per directory: keys come sorted)
+                    swept.add(where)
+                    _sweep_parts(pfd)
                 ours = rec.files.get(key) if sync else None  # replacing a file casstore wrote is sync's job
                 present, mine = _check_leaf(store, pfd, parts[-1], f"{out}/{key}", e, overwrite, link=link,
                                             ours=ours, force=force, floor=floor)
@@ -870,6 +886,20 @@ def _check_leaf(store: Store, pfd: int, leaf: str, dest: str, e: Entry, overwrit
         if mine is None:  # (casstore's file holds its recorded bytes, which are not these)
             size = e.size if e.size is not None else store.objects.stat(e.digest).size
             if st.st_size == size and _same_file(pfd, leaf, e.digest, size):
+                if ours is not None:
+                    # The key was casstore's and now holds exactly this entry's bytes (just hashed): a sync
+                    # killed after writing it but before saving its record (found by a bug hunt: every
+                    # later sync refused the file as changed).  Casstore's again, recorded as it is now.
+                    how = 0
+                    try:
+                        obj = os.stat(_object_file(store, e.digest), follow_symlinks=False)
+                        if (obj.st_dev, obj.st_ino) == (st.st_dev, st.st_ino):
+                            how = _HARDLINK  # the object's own inode: see _ours
+                    except OSError:
+                        pass
+                    if not how and settled(st, floor):
+                        how = _SETTLED
+                    return None, (e.digest, _stat_key(st), how)
                 return None, None  # the right bytes, but not casstore's as it left them: left alone, unrecorded
         if not replaceable:
             raise InvalidInputError(f"{dest} exists with other content; pass overwrite=True to replace it")
@@ -880,6 +910,38 @@ def _check_leaf(store: Store, pfd: int, leaf: str, dest: str, e: Entry, overwrit
             "overwrite=True to replace it (the entry itself, inside the target; never what a link points to)"
         )
     return True, mine
+
+
+_PART = ".casstore-"
+"""A file being written at a key is ``.casstore-<pid>.<start ticks>.<host>.<hex>.part`` beside it."""
+_OLD_PART = re.compile(r"^\.casstore-[0-9]+-[0-9a-f]{12}\.part$")  # before 2026-12-06: no host, no start time
+_OLD_PART_AGE = 24 * 3600.0
+
+
+def _sweep_parts(pfd: int) -> None:
+    """Remove the temp files a killed checkout left in this directory.
+
+    Hazard (found by a bug hunt): a checkout SIGKILLed while writing left
+    ``.casstore-...part`` (part of an object's bytes) in the user's folder; reruns, syncs and
+    verify never removed it, and a later ``add`` stored it as content.  Only a provably dead
+    writer's file goes (:func:`~casstore._fs.dead_writer`; a name of the old form, which cannot
+    say which host wrote it, once a day old).
+    """
+    try:
+        names = os.listdir(pfd)
+    except OSError:
+        return
+    for n in names:
+        if not (n.startswith(_PART) and n.endswith(".part")):
+            continue
+        try:
+            if dead_writer(n[len(_PART):]) or (
+                    _OLD_PART.match(n) and time.time() - os.stat(n, dir_fd=pfd, follow_symlinks=False).st_mtime
+                    > _OLD_PART_AGE):
+                os.unlink(n, dir_fd=pfd)
+                log.info("removed %r, the temp file of a checkout that died", n)
+        except OSError:
+            continue
 
 
 def _write_slice(store: Store, pfd: int, base: str, out_s: str, keys: Sequence[Tuple[str, Entry, bool]], *,
@@ -919,7 +981,7 @@ def _write_one(store: Store, pfd: int, leaf: str, dest: str, e: Entry, *, replac
             if trust is not None and linked is not None:
                 trust.carry(e.digest, linked, now)  # link() moved the inode's ctime: our own change
             return _stat_key(now), how
-    tmp = f".casstore-{os.getpid()}-{os.urandom(6).hex()}.part"  # not from leaf: a segment may be 255 bytes
+    tmp = f"{_PART}{process_token()}.{os.urandom(6).hex()}.part"  # not from leaf: a segment may be 255 bytes
     try:
         if how:
             try:
