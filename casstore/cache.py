@@ -41,6 +41,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
+import math
 import mmap
 import operator
 import os
@@ -465,6 +466,24 @@ class _Follower:
             self.failed = True
 
 
+def _check_lock_timeout(value: object) -> Optional[float]:
+    """``lock_timeout`` checked at construction: ``None``/``inf`` -> ``None`` (wait forever), else seconds >= 0.
+
+    Hazard: it is first used only at a contended put, so a bad value used to surface there, far
+    from its cause: ``"10"`` a bare TypeError, NaN waited forever (every comparison is False),
+    a negative timed out at once.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidTypeError(
+            f"IndexCache lock_timeout must be a number of seconds or None, not {type(value).__name__} {value!r:.40}")
+    v = float(value)
+    if math.isnan(v) or v < 0:
+        raise InvalidInputError(f"IndexCache lock_timeout must be a non-negative number of seconds, not {value!r}")
+    return None if math.isinf(v) else v  # as the pipelines' lock_seconds: inf means wait forever
+
+
 def _check_store(store: object) -> Store:
     """``store`` if it is a store (anything whose ``objects`` is the local object layer)."""
     if isinstance(getattr(store, "objects", None), LocalObjects):
@@ -568,7 +587,8 @@ class IndexCache:
       reads with no per-record check (fastest; a byte that rots on disk later is not
       caught).  Reads of a live (unfrozen) cache are always checked.
     * ``lock_timeout``: seconds a ``put`` or ``freeze`` waits for the cache's lock
-      before :class:`~casstore.LockTimeout` (the lock is held for microseconds).
+      before :class:`~casstore.LockTimeout` (the lock is held for microseconds); ``None``
+      or ``inf`` waits forever, ``0`` tries once.
 
     ``get(i)`` returns ``None`` for an index that has no record (it never raises
     ``KeyError``).  The object can be pickled to spawned workers and survives fork.
@@ -657,7 +677,7 @@ class IndexCache:
             raise
 
     def _init_fields(self, store: Store, length: object, max_bytes: object, verify: object,
-                     lock_timeout: Optional[float]) -> None:
+                     lock_timeout: object) -> None:
         if isinstance(length, bool) or not isinstance(length, int):
             raise InvalidTypeError(f"IndexCache length must be an int (len(dataset)), not {type(length).__name__}")
         if not 0 <= length < (1 << 48):
@@ -667,6 +687,7 @@ class IndexCache:
             raise InvalidInputError(f"max_bytes must be None or a non-negative int, not {max_bytes!r}")
         if verify not in VERIFY_MODES:
             raise InvalidInputError(f"verify must be one of {', '.join(VERIFY_MODES)}, not {verify!r}")
+        timeout = _check_lock_timeout(lock_timeout)
         self.store = store
         """The :class:`~casstore.Store` the cache lives in."""
         self.length: int = length
@@ -675,7 +696,8 @@ class IndexCache:
         """Payload limit in bytes, or ``None``."""
         self.verify_mode: str = str(verify)
         """``"once"``, ``"full"``, ``"record"`` or ``"open"`` (see the class docstring)."""
-        self.lock_timeout = lock_timeout
+        self.lock_timeout: Optional[float] = timeout
+        """Seconds a ``put`` or ``freeze`` waits for the cache's lock; ``None``: forever."""
         self.name: Optional[str] = None
         """The pin name after :meth:`preserve` or :meth:`open` by name."""
         self.digest: Optional[Digest] = None
@@ -1520,8 +1542,14 @@ class IndexCache:
         if isinstance(data, (bytes, bytearray)):
             return data
         if isinstance(data, memoryview):
-            return data if data.format == "B" and data.ndim == 1 and data.contiguous else memoryview(
-                data.tobytes())
+            try:
+                return data if data.format == "B" and data.ndim == 1 and data.contiguous else memoryview(
+                    data.tobytes())
+            except ValueError:  # every attribute of a released memoryview raises ValueError
+                raise InvalidInputError(
+                    f"{self._label()}: put({i!r}, ...) was given a released memoryview; pass the bytes "
+                    "while the memoryview is alive (or bytes(view) before releasing it)"
+                ) from None
         raise InvalidTypeError(
             f"{self._label()}: put({i!r}, ...) takes bytes, bytearray or memoryview, not {type(data).__name__}; "
             "encode the sample first (pickle.dumps(x), s.encode(), or numpy's tobytes())"
@@ -1632,13 +1660,19 @@ class IndexCache:
             self._adopt_frozen()
 
 
+# _FROZEN_INDEX: the frozen gets type-check their index only on the error path, where the
+# comparison or the table lookup failed, and _index_error then raises what the live get raises
+# (_check_index).  Hazard: ``i < 0`` on a numpy array is an array whose truth value raises
+# ValueError ("ambiguous"; empty arrays too, numpy >= 2.2), which escaped raw; a one-element array
+# passes the comparison and fails the lookup with TypeError (no __index__).  A ``type(i) is int``
+# test up front instead cost numpy-integer indices ~40 ns per get (+13%, verify="once").
 def _frozen_get_checked(self: IndexCache, i: int) -> Optional[bytes]:
     """:meth:`IndexCache.get` of a frozen cache that checks each record (verify "full"/"record")."""
     try:
         if i < 0 or i is True or i is False:  # a bool is not an index (True would read record 1)
             raise IndexError
         e = self._qe[i]
-    except (IndexError, TypeError):
+    except (IndexError, TypeError, ValueError):  # ValueError: see _FROZEN_INDEX
         raise self._index_error(i) from None
     if e:
         b: bytes = self._fmm[self._qo[i]:e]
@@ -1658,7 +1692,7 @@ def _frozen_get_fast(self: IndexCache, i: int) -> Optional[bytes]:
         if i < 0 or i is True or i is False:  # a bool is not an index (True would read record 1)
             raise IndexError
         e = self._qe[i]
-    except (IndexError, TypeError):
+    except (IndexError, TypeError, ValueError):  # ValueError: see _FROZEN_INDEX
         raise self._index_error(i) from None
     if e:
         b: bytes = self._fmm[self._qo[i]:e]
@@ -1673,7 +1707,7 @@ def _frozen_get_once(self: IndexCache, i: int) -> Optional[bytes]:
         if i < 0 or i is True or i is False:  # a bool is not an index (True would read record 1)
             raise IndexError
         e = self._qe[i]
-    except (IndexError, TypeError):
+    except (IndexError, TypeError, ValueError):  # ValueError: see _FROZEN_INDEX
         raise self._index_error(i) from None
     if e:
         b: bytes = self._fmm[self._qo[i]:e]

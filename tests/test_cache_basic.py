@@ -483,3 +483,60 @@ def test_large_records_are_placed_clear_of_4k_aliasing(store: casstore.Store) ->
     d = c.preserve("aligned")
     o = IndexCache.open(store, d, verify="full")
     assert [o.get(i) for i in range(1, 6)] == big
+
+
+def test_lock_timeout_is_checked_at_construction(store: casstore.Store) -> None:
+    # Bug: accepted as given; "10" was a raw TypeError at the first contended put, NaN waited
+    # forever, a negative timed out at once.
+    for bad_type in ("10", True, [1], b"1"):
+        with pytest.raises(casstore.InvalidTypeError, match="lock_timeout must be a number of seconds"):
+            IndexCache(store, 3, lock_timeout=bad_type)  # type: ignore[arg-type]
+    for bad_value in (float("nan"), -1, -0.5, float("-inf")):
+        with pytest.raises(casstore.InvalidInputError, match="lock_timeout must be a non-negative"):
+            IndexCache(store, 3, lock_timeout=bad_value)
+    assert icache_dirs(store) == []  # refused before anything was created
+    for ok, kept in ((0, 0.0), (2.5, 2.5), (10, 10.0), (None, None), (float("inf"), None)):
+        with IndexCache(store, 3, lock_timeout=ok) as c:
+            assert c.lock_timeout == kept
+            assert c.put(0, b"x") and c.get(0) == b"x"
+            assert pickle.loads(pickle.dumps(c)).lock_timeout == kept
+
+
+def test_put_of_a_released_memoryview_is_a_typed_error(store: casstore.Store) -> None:
+    # Bug: a raw ValueError "operation forbidden on released memoryview object".
+    c = IndexCache(store, 3)
+    for mv in (memoryview(b"abc"), memoryview(b"abcdef")[::2], memoryview(bytearray(8)).cast("Q")):
+        mv.release()
+        with pytest.raises(casstore.InvalidInputError, match="released memoryview"):
+            c.put(1, mv)
+    assert c.count == 0 and c.get(1) is None
+
+
+@pytest.mark.parametrize("mode", ["once", "full", "record", "open"])
+def test_frozen_get_types_its_index_like_the_live_get(store: casstore.Store, mode: str) -> None:
+    # Bug: on a frozen cache get(np.array([0, 1])) raised numpy's raw "truth value of an
+    # array is ambiguous" ValueError (``i < 0`` ran before any type check).
+    np = pytest.importorskip("numpy")
+    c = IndexCache(store, 5, verify=mode)
+    for i in (0, 1, 3):
+        c.put(i, payload(i))
+    bad = (np.array([0, 1]), np.array([1]), np.array([], dtype=np.int64), np.array([[0]]), True, False,
+           np.True_, 1.0, "1", None, slice(0, 2), [0])
+    good = ((np.int64(1), payload(1)), (np.uint8(3), payload(3)), (np.array(0), payload(0)), (np.int32(2), None))
+
+    def check(cache: IndexCache) -> None:
+        for x in bad:
+            with pytest.raises(casstore.InvalidTypeError, match="an index must be an int"):
+                cache.get(x)
+            assert x not in cache
+        for x, want in good:
+            assert cache.get(x) == want
+        for x in (np.int64(-1), np.int64(5), -1, 5, 10**30):
+            with pytest.raises(CacheIndexError):
+                cache.get(x)
+
+    check(c)  # live
+    c.freeze()
+    check(c)  # frozen in place
+    c.preserve(f"typed-{mode}")
+    check(IndexCache.open(store, f"typed-{mode}", verify=mode))  # mapped from the preserved object

@@ -146,15 +146,19 @@ def put_array(store: Store, a: npt.NDArray[Any], *, compress: CompressArg = None
     """Store a numpy array as a ``.npy`` object; return its digest.
 
     Object arrays are refused (their pickles are neither portable nor safe to
-    load).  No copy is made for C- or Fortran-contiguous arrays.
+    load).  No copy is made for C- or Fortran-contiguous arrays.  An ndarray
+    subclass whose buffer is all of its data (``np.matrix``, ``np.recarray``,
+    ``np.memmap``) is stored as its base ndarray (``get_array`` returns an
+    ndarray); a masked array is refused (:class:`InvalidTypeError`): its data
+    alone would silently drop the mask.
     """
     return _put_array(store, a, compress)[0]
 
 
 def _put_array(store: Store, a: object, compress: CompressArg) -> Tuple[Digest, int]:
     """:func:`put_array`, also returning the object's size (header plus data)."""
-    if not isinstance(a, np.ndarray):
-        raise InvalidTypeError(f"put_array() takes a numpy array, not {type(a).__name__}")
+    if type(a) is not np.ndarray:  # one cheap test on the hot path; subclasses and non-arrays below
+        a = _base_ndarray(a)
     if a.dtype.hasobject:
         raise InvalidTypeError(
             f"put_array() refuses arrays of dtype {a.dtype} that hold Python objects; "
@@ -164,7 +168,29 @@ def _put_array(store: Store, a: object, compress: CompressArg) -> Tuple[Digest, 
         a = np.ascontiguousarray(a)
     header = _header(a)
     data = _data_view(a)
-    return store.objects.put_parts([header, data], compress=compress), len(header) + len(data)
+    # nbytes, not len(): len() of a memoryview counts items of its first dimension, which is
+    # the byte count only for a 1-D byte view (issue: np.matrix recorded 129 bytes for 176).
+    return store.objects.put_parts([header, data], compress=compress), len(header) + data.nbytes
+
+
+def _base_ndarray(a: object) -> npt.NDArray[Any]:
+    """``a`` as a plain ndarray (a view, no copy), or :class:`InvalidTypeError` if that would lose data.
+
+    Hazard: a subclass may keep its shape or data outside the buffer's plain ndarray view.
+    ``np.matrix`` reshapes to 2-D whatever it is given, so ``reshape(-1)`` stayed 2-D and the
+    recorded size counted rows instead of bytes; a masked array's mask is not in the buffer at
+    all (numpy.ma's byte view raised a bare ValueError; stored, its data would drop the mask).
+    """
+    if not isinstance(a, np.ndarray):
+        raise InvalidTypeError(f"put_array() takes a numpy array, not {type(a).__name__}")
+    if isinstance(a, np.ma.MaskedArray):
+        raise InvalidTypeError(
+            "put_array() refuses masked arrays: storing the data alone would silently drop the mask; "
+            "store a.data and np.ma.getmaskarray(a) as two arrays (put_arrays), or a.filled(fill_value)"
+        )
+    # np.matrix, np.recarray, np.memmap, np.char.chararray: the buffer is all the data (same dtype,
+    # shape and bytes as np.save writes for them), so their base ndarray view is stored exactly.
+    return np.asarray(a)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,8 +319,7 @@ def get_array(store: Store, digest: DigestLike, *, mmap: bool = False,
     one evicted while this runs) raises :class:`~casstore.errors.ObjectNotFoundError`.
     """
     d = Digest.coerce(digest)
-    if verify is not None and not isinstance(verify, bool):
-        raise InvalidTypeError(f"get_array(verify=) takes True, False or None, not {type(verify).__name__}")
+    _check_read_flags("get_array", mmap, verify)
     loc = store.objects.locate(d)
     if mmap:
         path = loc.path if loc.codec.byte_exact else str(store.objects.raw_path(d))
@@ -303,6 +328,18 @@ def get_array(store: Store, digest: DigestLike, *, mmap: bool = False,
     if not loc.codec.byte_exact:
         return _read_decoded(store, d, check)
     return _read_raw(loc.path, d, check)
+
+
+def _check_read_flags(fn: str, mmap: object, verify: object) -> None:
+    """InvalidTypeError unless ``mmap`` is a bool and ``verify`` a bool or None.
+
+    Hazard: a truthy non-bool (``mmap="no"``, ``mmap=1``) would silently pick the other read
+    path (a map handed out unverified instead of a verified copy).
+    """
+    if not isinstance(mmap, bool):
+        raise InvalidTypeError(f"{fn}(mmap=) takes True or False, not {type(mmap).__name__} {mmap!r:.40}")
+    if verify is not None and not isinstance(verify, bool):
+        raise InvalidTypeError(f"{fn}(verify=) takes True, False or None, not {type(verify).__name__}")
 
 
 def _hashes_to(fd: int, size: int, d: Digest) -> Callable[[], bool]:
@@ -483,6 +520,7 @@ def put_arrays(store: Store, arrays: Mapping[str, npt.NDArray[Any]], *, compress
 def get_arrays(store: Store, digest: DigestLike, *, mmap: bool = False,
                verify: Optional[bool] = None) -> Dict[str, npt.NDArray[Any]]:
     """Read a bundle written by :func:`put_arrays` as ``{name: array}`` (a digest or the name it is pinned under)."""
+    _check_read_flags("get_arrays", mmap, verify)  # before any read (an empty bundle would never check)
     man = read_manifest(store, digest)
     if man.meta.get("kind") != ARRAYS_KIND:
         raise StoreFormatError(f"manifest {man.digest} is not an array bundle (put_arrays)")
