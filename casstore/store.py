@@ -595,11 +595,13 @@ class Store:
 
         return get_arrays(self, digest, mmap=mmap, verify=verify)
 
-    def open_hdf5(self, digest: DigestLike, *, verify: bool = True,
+    def open_hdf5(self, digest: DigestLike, *, verify: Optional[bool] = True,
                   rdcc_nbytes: Optional[int] = None) -> h5py.File:
         """A read-only ``h5py.File`` on an object, safe with many concurrent readers.
 
-        The object is verified before h5py sees it (``verify=False`` skips that).
+        The object is verified before h5py sees it (``verify=False`` skips that; ``None`` is the
+        default, True).  A file that would make h5py read another file (external raw storage,
+        external links, virtual datasets with other sources) is refused (docs/security.md).
         """
         from .adapters import open_hdf5  # lazy: numpy costs ~130 ms and 13 MiB at import
 

@@ -375,3 +375,55 @@ def test_a_removed_cache_directory_is_an_oserror_as_pfio_enoent(cdir: Path, cls:
     assert e.value.errno == errno.ENOENT
     assert c.get(4) is None  # nothing was stored
     c.close()
+
+
+# -- do_pickle unpickles what the cache holds (docs/security.md, "Pickled caches") -----------
+
+
+class _RunsCode:
+    """A record that runs code when unpickled, as an attacker's would (here: harmless os.getpid)."""
+
+    def __reduce__(self) -> Any:
+        return (os.getpid, ())
+
+
+def test_do_pickle_runs_what_a_preserved_cache_holds_even_verified_as_pfio_does(cdir: Path) -> None:
+    c = FileCache(2, dir=str(cdir), do_pickle=True)
+    c.put(0, _RunsCode())
+    c.preserve("shared")
+    c.close()
+    with FileCache(2, dir=str(cdir), do_pickle=True, verify="full") as f:
+        assert f.preload("shared")
+        assert f.get(0) == os.getpid()  # the hash covered these bytes: integrity, not intent
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the preserved file another owner")
+def test_preloading_another_users_cache_with_do_pickle_warns_once(cdir: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    c = FileCache(2, dir=str(cdir), do_pickle=True)
+    c.put(0, [1, 2])
+    c.put(1, "b")
+    c.preserve("theirs")
+    c.close()
+    with FileCache(2, dir=str(cdir)) as f:
+        assert f.preload("theirs")
+        path = f.index_cache.path
+    assert path is not None
+    with caplog.at_level("WARNING", logger="casstore.compat.pfio"):
+        for cls in (FileCache, MultiprocessFileCache):  # our own file: no warning
+            with cls(2, dir=str(cdir), do_pickle=True) as f:
+                assert f.preload("theirs")
+        assert caplog.records == []
+        os.chown(path, 54321, -1)  # as if another member of a shared store had preserved it
+        with FileCache(2, dir=str(cdir)) as f:  # no do_pickle: bytes only, nothing to warn about
+            assert f.preload("theirs")
+        assert caplog.records == []
+        for _ in range(2):
+            with FileCache(2, dir=str(cdir), do_pickle=True) as f:
+                assert f.preload("theirs") and f.get(0) == [1, 2]  # pfio behaviour is unchanged
+        roc = ReadOnlyFileCache(2, dir=str(cdir), do_pickle=True)
+        assert roc.preload("theirs") and roc.get(0) == [1, 2]
+        roc.close()
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1, msgs  # once per file and process, not per preload
+    assert "'theirs'" in msgs[0] and "uid 54321" in msgs[0] and "trust" in msgs[0]

@@ -21,7 +21,13 @@ from _corrupt import flip_byte
 from _fetch_helpers import SPAWN, assert_objects_valid, flock_holder, hdf5_holder, hdf5_reader, results
 
 import casstore
-from casstore.errors import CompressedObjectError, IntegrityError, ObjectNotFoundError, StoreFormatError
+from casstore.errors import (
+    CompressedObjectError,
+    IntegrityError,
+    InvalidTypeError,
+    ObjectNotFoundError,
+    StoreFormatError,
+)
 
 DATA = np.tile(np.arange(100, dtype=np.float64), 2000)  # 1.6 MB, very compressible
 TOTAL = float(DATA.sum())
@@ -217,3 +223,117 @@ def test_damaged_raw_copy_of_a_compressed_object_is_caught(store: casstore.Store
     flip_byte(store.path(d), _data_offset(h5file))  # the raw copy, changed after it was verified
     with pytest.raises(IntegrityError):
         store.open_hdf5(d)
+
+
+# -- nothing outside the store (docs/security.md, classes 2 and 4) -------------------------
+#
+# A verified HDF5 file can still point at other files, and h5py follows the pointer on read:
+# the hash covers the pointer, not its target, and a FIFO target blocks the read forever.
+
+
+def _outside_target(tmp_path: Path, kind: str) -> str:
+    """A file outside the store the hostile object points at: absolute, relative, a FIFO or not HDF5."""
+    h5 = tmp_path / "outside.h5"
+    if not h5.exists():
+        with h5py.File(h5, "w") as f:
+            f["secret"] = np.arange(64, dtype=np.uint8)
+        (tmp_path / "outside.txt").write_bytes(b"SECRET" * 20)
+        os.mkfifo(tmp_path / "fifo")
+    return {"abs": str(h5), "rel": "outside.h5", "fifo": str(tmp_path / "fifo"),
+            "not-h5": str(tmp_path / "outside.txt")}[kind]
+
+
+def _hostile(tmp_path: Path, build: Any) -> Path:
+    p = tmp_path / "hostile.h5"
+    with h5py.File(p, "w") as f:
+        f["fine"] = np.arange(4)
+        build(f)
+    return p
+
+
+def _assert_refused(store: casstore.Store, src: Path, what: str) -> None:
+    d = store.put_path(src, compress=False)
+    for verify in (True, False):  # never following a pointer does not depend on verification
+        with pytest.raises(StoreFormatError, match=what):
+            store.open_hdf5(d, verify=verify)
+
+
+@pytest.mark.parametrize("kind", ["abs", "rel", "fifo"])
+def test_dataset_with_external_raw_storage_is_refused(store: casstore.Store, tmp_path: Path, kind: str) -> None:
+    target = _outside_target(tmp_path, kind)
+    src = _hostile(tmp_path, lambda f: f.create_dataset("grp/x", shape=(16,), dtype="u1", external=[(target, 0, 16)]))
+    _assert_refused(store, src, r"dataset '/grp/x' with external raw storage")
+
+
+@pytest.mark.parametrize("kind", ["abs", "rel", "fifo", "not-h5"])
+def test_external_link_is_refused(store: casstore.Store, tmp_path: Path, kind: str) -> None:
+    target = _outside_target(tmp_path, kind)
+
+    def build(f: h5py.File) -> None:
+        f["grp/link"] = h5py.ExternalLink(target, "/secret")
+
+    _assert_refused(store, _hostile(tmp_path, build), r"external link '/grp/link' to ")
+
+
+@pytest.mark.parametrize("kind", ["abs", "rel", "fifo"])
+def test_virtual_dataset_with_another_source_file_is_refused(store: casstore.Store, tmp_path: Path,
+                                                            kind: str) -> None:
+    target = _outside_target(tmp_path, kind)
+
+    def build(f: h5py.File) -> None:
+        lay = h5py.VirtualLayout(shape=(64,), dtype="u1")
+        lay[:] = h5py.VirtualSource(target, "secret", shape=(64,))
+        f.create_virtual_dataset("v", lay, fillvalue=0)
+
+    _assert_refused(store, _hostile(tmp_path, build), r"virtual dataset '/v' with source file")
+
+
+def test_links_and_virtual_datasets_within_the_file_are_fine(store: casstore.Store, tmp_path: Path) -> None:
+    def build(f: h5py.File) -> None:
+        f["grp/a"] = np.arange(6)
+        f["soft"] = h5py.SoftLink("/grp/a")
+        f["dangling"] = h5py.SoftLink("/nowhere")
+        f["grp/hard"] = f["fine"]  # a second hard link to one dataset
+        lay = h5py.VirtualLayout(shape=(6,), dtype=np.int64)
+        lay[:] = h5py.VirtualSource(".", "grp/a", shape=(6,))  # "." is this very file
+        f.create_virtual_dataset("v", lay, fillvalue=-1)
+
+    d = store.put_path(_hostile(tmp_path, build), compress=False)
+    for verify in (True, True, False):  # the second verified open uses the memo
+        with store.open_hdf5(d, verify=verify) as f:
+            np.testing.assert_array_equal(f["soft"][...], np.arange(6))
+            np.testing.assert_array_equal(f["v"][...], np.arange(6))
+            np.testing.assert_array_equal(f["grp/hard"][...], np.arange(4))
+
+
+def test_a_remembered_walk_never_covers_other_bytes(store: casstore.Store, h5file: Path, tmp_path: Path) -> None:
+    """The walk's memo is for verified bytes of one file: bytes rewritten under the same digest are walked again."""
+    d = store.put_path(h5file, compress=False)
+    with store.open_hdf5(d) as f:  # walked and remembered
+        assert float(f["x"][...].sum()) == TOTAL
+    target = _outside_target(tmp_path, "fifo")
+    hostile = _hostile(tmp_path, lambda f: f.create_dataset("x", shape=(16,), dtype="u1", external=[(target, 0, 16)]))
+    obj = store.path(d)
+    os.chmod(obj, 0o644)
+    obj.write_bytes(hostile.read_bytes())  # a member of a shared store rewrites the object in place
+    os.chmod(obj, 0o444)
+    with pytest.raises(IntegrityError):
+        store.open_hdf5(d)
+    with pytest.raises(StoreFormatError, match="external raw storage"):
+        store.open_hdf5(d, verify=False)  # unverified bytes are still never allowed to reach outside
+
+
+# -- verify must be a bool (None: the default) -----------------------------------------------
+
+
+def test_open_hdf5_verify_none_is_the_default_and_other_types_are_refused(store: casstore.Store,
+                                                                          h5file: Path) -> None:
+    d = store.put_path(h5file, compress=False)
+    with store.open_hdf5(d, verify=None) as f:
+        assert float(f["x"][...].sum()) == TOTAL
+    flip_byte(store.path(d), _data_offset(h5file))
+    with pytest.raises(IntegrityError):
+        store.open_hdf5(d, verify=None)  # None means the default (verify), as for get_array
+    for bad in (0, 1, "", "yes", 0.0):  # a bare `if verify:` let 0 and "" skip the hash silently
+        with pytest.raises(InvalidTypeError, match="verify must be a bool"):
+            store.open_hdf5(d, verify=bad)

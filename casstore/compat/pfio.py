@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import io
+import logging
 import numbers
 import os
 import pickle
@@ -57,6 +58,38 @@ USERS_LOCK = "compat-pfio.lock"
 # a store, and a forked child inherits this dict with its parent's pid, so it never does.
 _CREATED: Dict[str, int] = {}
 _RETRIES = 50
+
+log = logging.getLogger("casstore.compat.pfio")
+
+# Frozen files already warned about in this process (see _warn_foreign_pickles): once each.
+_WARNED_FOREIGN: set[str] = set()
+
+
+def _warn_foreign_pickles(cache: IndexCache, name: str) -> None:
+    """Log once per file when ``do_pickle`` preloads a cache whose bytes another user wrote.
+
+    Hazard (docs/security.md, "Pickled caches"): ``do_pickle=True`` unpickles every record,
+    and unpickling runs code (``__reduce__``), so whoever can write or re-pin a preserved
+    cache in a shared store runs code in this process.  Verification does not help: the
+    hash covers the attacker's bytes.  This is pfio's API and stays; the warning is a
+    hint, not a defence (a cache pulled from a remote is owned by this user whoever
+    wrote it).  The owner of the frozen file is who published those bytes; root is not
+    warned about (root can run code as anyone anyway).
+    """
+    path = cache.path
+    if path is None:
+        return
+    try:
+        owner = os.stat(path).st_uid
+    except OSError:
+        return
+    me = os.geteuid()
+    if owner in (me, 0) or str(path) in _WARNED_FOREIGN:
+        return
+    _WARNED_FOREIGN.add(str(path))
+    log.warning("do_pickle=True preloads cache %r (%s), written by uid %d, not by this user (uid %d): "
+                "unpickling its records runs any code they hold; preload only caches you trust "
+                "(verification proves integrity, not intent; docs/security.md)", name, path, owner, me)
 
 
 class _StoreUse:
@@ -354,6 +387,8 @@ class _PfioCache:
             if self.verbose:
                 print(f"Failed to preload the cache from {name}: not found in {self.store.root}")
             return False
+        if self.do_pickle:
+            _warn_foreign_pickles(opened, name)
         old, self._cache = self._cache, opened
         old.close()
         self._bind()
@@ -544,6 +579,8 @@ class ReadOnlyFileCache:
         if count < length:
             c.close()
             raise RuntimeError(f"Incomplete cache file: {name!r} has {count} of {length} indices")
+        if self.do_pickle:
+            _warn_foreign_pickles(c, name)
         if self._cache is not None:
             self._cache.close()
         self._cache = c
