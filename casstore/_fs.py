@@ -51,6 +51,7 @@ __all__ = [
     "copy_range",
     "makedirs",
     "refuse_planted_links",
+    "path_exists",
     "refuse_links_between",
     "copy_exact",
     "read_up_to",
@@ -634,6 +635,15 @@ def refuse_links_between(directory: os.PathLike[str] | str, root: os.PathLike[st
         except FileNotFoundError:
             pass  # made by the caller on the way (never through a link: makedirs checks lexists)
         s = s[:s.rindex(os.sep)]
+
+
+def path_exists(p: os.PathLike[str] | str) -> bool:
+    """``os.path.exists``, but False (not an error) for a path no file can have: one longer than the
+    filesystem allows (ENAMETOOLONG), a loop of links (user input: a CLI argument, a store path)."""
+    try:
+        return os.path.exists(p)
+    except (OSError, ValueError):  # (ValueError: a NUL in the path)
+        return False
 
 
 def refuse_planted_links(root: Path, fixed: Tuple[str, ...]) -> None:

@@ -31,7 +31,7 @@ from typing import (
 )
 
 from . import codecs
-from ._fs import fsync_dir, refuse_planted_links, sweep_stale, write_file_atomic
+from ._fs import fsync_dir, path_exists, refuse_planted_links, sweep_stale, write_file_atomic
 from ._layout import CONFIG_FILE, FIXED_DIRS, REMOTES_FILE, SUBDIRS, TMP
 from ._lock import Filesystem, configure, filesystem
 from .codecs import CompressArg
@@ -104,14 +104,6 @@ def _as_path(p: object, what: str = "store path") -> Path:
     return Path(os.path.expanduser(raw)).absolute()
 
 
-def _exists(p: Path) -> bool:
-    """``p.exists()``; a path no file can have (ENAMETOOLONG, a loop) does not exist rather than raise."""
-    try:
-        return p.exists()
-    except OSError:
-        return False
-
-
 class Store:
     """A content-addressed store rooted at a local directory.
 
@@ -126,7 +118,7 @@ class Store:
                  upstream: Union[None, bool, str, Remote] = None) -> None:
         self.root = _as_path(root)
         """The store directory."""
-        if create and not _exists(self.root / CONFIG_FILE):
+        if create and not path_exists(self.root / CONFIG_FILE):
             level = codecs.normalize_compress(compress, codecs.DEFAULT_LEVEL)
             self._init_layout(StoreConfig(
                 compression="zstd" if level else "raw",

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator, List, Mapping, Optional, Tuple, Union
 
+from .._fs import path_exists
 from .._layout import CONFIG_FILE
 from ..digest import Digest
 from ..errors import (
@@ -28,7 +29,6 @@ from ..store import Store, open_store
 
 __all__ = [
     "printable",
-    "path_exists",
     "Command",
     "Add",
     "Action",
@@ -151,14 +151,6 @@ def open_from_args(args: argparse.Namespace, *, create: bool = True) -> Store:
                                    f"`casstore init {args.store}` (or omit --store to use the default store)")
         return open_store(root, create=False)
     return open_store(default_store_dir(), create=create)
-
-
-def path_exists(p: Path) -> bool:
-    """``p.exists()``, and False for a path no file can have (ENAMETOOLONG, a loop) instead of raising."""
-    try:
-        return p.exists()
-    except OSError:
-        return False
 
 
 def add_global_options(parser: argparse.ArgumentParser) -> None:

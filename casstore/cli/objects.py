@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO, Dict, List, Optional, Protocol, Union
 
+from .._fs import path_exists
 from .._layout import CONFIG_FILE
 from .._progress import Progress, human_bytes
 from ..codecs import normalize_compress
@@ -27,7 +28,7 @@ from ..errors import (
     StoreFormatError,
 )
 from ..store import Store, open_store
-from .common import Add, UnusedParser, compress_arg, open_from_args, path_exists, printable, resolve_digest, workers_arg
+from .common import Add, UnusedParser, compress_arg, open_from_args, printable, resolve_digest, workers_arg
 
 __all__ = ["register"]
 
