@@ -471,3 +471,31 @@ def test_killed_producer_leaves_nothing_named(tmp_path: Path, counter: Path) -> 
     m = store.derive("orphan", inputs={"src": src}, fn=fn)
     assert store.get(m["result.bin"].digest) == data[::-1]
     assert len(runs(counter)) == 2
+
+
+# -- fn must leave its output directory where it is (found by a bug hunt) ---------------------------------
+
+
+def test_an_output_directory_replaced_by_a_link_is_refused_and_nothing_outside_moves(store: casstore.Store,
+                                                                                      tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("user data")
+
+    def swap(inputs: Dict[str, Path], out: Path) -> None:
+        out.rmdir()
+        out.symlink_to(victim, target_is_directory=True)
+
+    with pytest.raises(casstore.InvalidInputError, match="replaced or removed .*a symbolic link"):
+        store.derive("sw", inputs={}, fn=swap)
+    assert (victim / "precious.txt").read_text() == "user data"  # not moved into the store
+    assert store.refs.get("heads", "sw") is None
+
+
+def test_an_output_directory_removed_by_fn_is_not_an_empty_result(store: casstore.Store) -> None:
+    def remove(inputs: Dict[str, Path], out: Path) -> None:
+        out.rmdir()
+
+    with pytest.raises(casstore.InvalidInputError, match="replaced or removed .*gone"):
+        store.derive("rm", inputs={}, fn=remove)
+    assert store.refs.get("heads", "rm") is None  # never cached as a hit with no outputs

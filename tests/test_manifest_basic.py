@@ -349,6 +349,19 @@ def test_diff_reports_added_removed_and_changed(mstore: casstore.Store, objs: Di
     assert not mstore.diff(v2, "exp") and not mstore.diff(v1, v1.digest)
 
 
+def test_an_entry_whose_metadata_holds_nan_is_not_changed_by_itself(mstore: casstore.Store,
+                                                                    objs: Dict[str, Digest]) -> None:
+    """NaN != NaN: such an entry was listed as changed in every diff, and a version differed from itself."""
+    d = next(iter(objs.values()))
+    with mstore.edit("nan") as m:
+        m["f"] = casstore.Entry(d, None, {"x": float("nan")})
+    with mstore.edit("nan") as m:
+        m["g"] = d
+    df = mstore.diff("nan~1", "nan")
+    assert list(df.added) == ["g"] and not df.changed and not df.entry_meta
+    assert not mstore.diff("nan", "nan")
+
+
 def test_diff_reports_metadata_per_entry_and_manifest(mstore: casstore.Store, objs: Dict[str, Digest]) -> None:
     with mstore.edit("exp") as m:
         m["w"] = Entry(objs["a"], meta={"lr": 1, "keep": "x", "drop": [1, 2]})

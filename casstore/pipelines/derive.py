@@ -459,6 +459,7 @@ def _run_derive(store: Store, name: str, key: str, keyed: Mapping[str, InputKey]
         finally:
             os.close(wfd)
         out_dir = work / "out"
+        made = {d: _dir_id(d) for d in (work, out_dir)}  # (what fn must leave in place: see _collect)
         started = time.time()
         t0 = time.monotonic()
         flusher = TreeFlusher(out_dir) if store.objects.durable else None
@@ -468,6 +469,14 @@ def _run_derive(store: Store, name: str, key: str, keyed: Mapping[str, InputKey]
             if flusher is not None:
                 flusher.stop()
         seconds = time.monotonic() - t0
+        for d, was in made.items():
+            if _dir_id(d) != was:
+                # Hazard (found by a bug hunt): fn replaced its output directory with a link to elsewhere,
+                # and the walk below moved the files there into the store; or removed it, and an empty
+                # result was recorded as the step's.  Nothing is collected from a directory that moved.
+                raise InvalidInputError(
+                    f"derive {name!r}: fn replaced or removed {d} (it is now {_dir_id(d)[2]}); write the "
+                    "outputs under the output directory, never move, delete or link it; nothing was recorded")
         outputs = _collect(store, name, out_dir, compress)
         record: Dict[str, object] = {
             "key": key,
@@ -582,6 +591,17 @@ def _link(src: Path, leaf: str, dir_fd: int, shown: Path) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise StoreFormatError(f"object file {src} is not a regular file (replaced by a link?); "
                                "run `casstore verify --repair`")
+
+
+def _dir_id(p: Path) -> Tuple[int, int, str]:
+    """(device, inode, what it is) of ``p`` itself, never what a link there points to."""
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return (-1, -1, "gone")
+    if stat.S_ISDIR(st.st_mode):
+        return (st.st_dev, st.st_ino, "a directory")
+    return (st.st_dev, st.st_ino, "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory")
 
 
 def _collect(store: Store, name: str, out_dir: Path, compress: CompressArg) -> Dict[str, Entry]:
