@@ -35,6 +35,30 @@ def test_seek_to_start_before_reading_still_verifies(tmp_path: Path) -> None:
             f.read()
 
 
+@pytest.mark.parametrize("size", [100_000, 4 << 20])  # (below and above the size hashed on a helper)
+def test_a_seek_back_to_the_start_verifies_again(tmp_path: Path, size: int) -> None:
+    """Found by a bug hunt: sizing a file by seek(0, 2), then seek(0) and a full read (a common pattern,
+    also fsspec's and text mode's) returned corrupt bytes without an error."""
+    store = casstore.open(tmp_path / "s")
+    d = _corrupt(store, os.urandom(size))
+    with store.open(d) as f:
+        assert f.seek(0, os.SEEK_END) == size
+        f.seek(0)
+        with pytest.raises(IntegrityError, match=str(d)):
+            f.read()
+    with store.open(d) as f:  # also after reading part of it elsewhere
+        f.seek(size // 4)
+        f.read(10)
+        f.seek(0)
+        with pytest.raises(IntegrityError):
+            f.read()
+    good = store.put(os.urandom(size))
+    with store.open(good) as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(0)
+        assert len(f.read()) == size and f.seek(0) == 0 and len(f.read()) == size  # twice, verified
+
+
 def test_seek_elsewhere_turns_verification_off(tmp_path: Path) -> None:
     store = casstore.open(tmp_path / "s")
     data = os.urandom(1 << 20)

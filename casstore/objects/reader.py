@@ -108,6 +108,7 @@ class ObjectReader(io.RawIOBase):
         self._src: BinaryIO = codec.open_decoder(self._file, size, what=what)
         self._codec = codec
         self._verifying = verify
+        self._wanted = verify  # (a seek back to the start verifies again)
         # Single-threaded: fed 1 MiB updates, blake3's pool ran slower here
         # (6.1-6.4 GB/s against 7.0 GB/s).
         self._hasher = new_hasher() if verify else None
@@ -130,7 +131,17 @@ class ObjectReader(io.RawIOBase):
         if not self._codec.byte_exact:
             raise io.UnsupportedOperation("compressed objects are read sequentially")
         pos = self._file.seek(offset, whence)
-        if pos != self._seen:
+        if pos == 0 and self._wanted:
+            # Back to the start: a full in-order read from here is verified again.  Hazard (found by a
+            # bug hunt): "seek to the end for the size, seek back, read it all" (a common way to size
+            # a file) turned verification off for good, and corrupt bytes came back without an error.
+            self._stop_helper()
+            self._stop = threading.Event()
+            self._hasher = new_hasher()
+            self._seen = 0
+            self._checked = False
+            self._verifying = True
+        elif pos != self._seen:
             # Not where the hash has got to: this reader can no longer see
             # every byte in order, so it stops verifying (documented).
             self._verifying = False
