@@ -174,6 +174,9 @@ class _DecodedReader(io.RawIOBase):
         super().close()
 
 
+_COPY = 1 << 20  # get_file's read size
+
+
 class CasstoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ships no type hints
     """Read-only fsspec filesystem over a casstore store: ``casstore://NAME/KEY``.
 
@@ -411,11 +414,57 @@ class CasstoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec sh
             raise InvalidInputError(f"verify must be one of {_VERIFY}, not {v!r:.80}")
         return v
 
+    def get_file(self, rpath: str, lpath: Union[str, os.PathLike[str], BinaryIO, None] = None,
+                 callback: object = None, outfile: Optional[BinaryIO] = None, **kwargs: object) -> None:
+        """Copy one object to the local file ``lpath``: written beside it under a temp name, renamed
+        into place only once the whole object verified.
+
+        Hazard (found by a bug hunt): fsspec's ``get_file`` streamed into ``lpath`` and kept what it
+        had on an error, so a corrupt object left its first 8 MiB behind, and ``simplecache::``
+        (which fetches with this) then served them as the file without an error.  A file object
+        given (``outfile``) is written as fsspec would: its caller owns what it holds.
+        """
+        if outfile is None and lpath is not None and not isinstance(lpath, (str, os.PathLike)):
+            outfile, lpath = lpath, None
+        if outfile is not None:
+            with self.open(rpath, "rb", **kwargs) as f1:
+                while True:
+                    chunk = f1.read(_COPY)
+                    if not chunk:
+                        return
+                    outfile.write(chunk)
+        if not isinstance(lpath, (str, os.PathLike)):
+            raise InvalidInputError("get_file needs a local path (lpath) or a file object (outfile)")
+        dest = os.fspath(lpath)
+        if self.isdir(rpath):
+            os.makedirs(dest, exist_ok=True)
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+        tmp = f"{dest}.casstore-{os.getpid()}-{os.urandom(6).hex()}.part"
+        try:
+            with self.open(rpath, "rb", **kwargs) as f1, open(tmp, "wb") as out:
+                while True:
+                    chunk = f1.read(_COPY)  # the reader raises IntegrityError before handing out the last bytes
+                    if not chunk:
+                        break
+                    out.write(chunk)
+            os.replace(tmp, dest)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
     def _open(self, path: str, mode: str = "rb", block_size: Optional[int] = None, autocommit: bool = True,
-              cache_options: Optional[Dict[str, object]] = None, verify: Optional[Verify] = None) -> BinaryIO:
+              cache_options: Optional[Dict[str, object]] = None, verify: Optional[Verify] = None,
+              **layer_options: object) -> BinaryIO:
         """A binary reader (``rb`` only).  ``verify="full"`` hashes the whole object first
         (:class:`~casstore.errors.IntegrityError` before any byte is returned); otherwise a full
-        sequential read is verified at its end and seeks turn verification off."""
+        sequential read is verified at its end and seeks turn verification off (a seek back to the
+        start begins a new verified read).  Options fsspec's layers pass (``blockcache::``:
+        ``cache_type``, ``size``, ...) are accepted and have no effect: the reader reads the local
+        object file directly (they were a TypeError)."""
         if mode != "rb":
             raise _read_only(f"open({path!r:.200}, {mode!r})")
         v = self._check_verify(verify)

@@ -129,6 +129,33 @@ def test_zarr_through_xarray_and_damaged_chunk(tmp_path: Path) -> None:
         z["t2m"].values  # noqa: B018 - the read is the test
 
 
+def test_a_copy_of_a_damaged_object_leaves_no_file_and_caches_nothing(tmp_path: Path) -> None:
+    """Found by a bug hunt: ``fs.get`` of a damaged object kept its first 8 MiB at the destination, and
+    ``simplecache::`` (which fetches with get_file) then served those bytes without an error."""
+    s = casstore.open(tmp_path / "store")
+    with s.edit("exp") as m:
+        m["b.bin"] = d = s.put(os.urandom(12 << 20))
+    flip_byte(obj_file(s, d), 100)
+    fs = CasstoreFileSystem(store=s)
+    dest = tmp_path / "out" / "b.bin"
+    with pytest.raises(casstore.IntegrityError):
+        fs.get("exp/b.bin", str(dest))
+    assert not dest.parent.exists() or list(dest.parent.iterdir()) == []  # no partial file, no temp file
+    cache = tmp_path / "cache"
+    for _ in range(2):  # the second open must not find a cached copy of the damaged bytes
+        with pytest.raises(casstore.IntegrityError):
+            with fsspec.open("simplecache::casstore://exp/b.bin", "rb", casstore={"store": str(s.root)},
+                             simplecache={"cache_storage": str(cache)}) as f:
+                f.read()
+    with fs.open("exp/b.bin", cache_type="readahead") as f:  # fsspec's open options (were a TypeError)
+        assert len(f.read(10)) == 10
+    good = s.put(b"fine bytes")
+    with s.edit("ok") as m:
+        m["g.bin"] = good
+    fs.get("ok/g.bin", str(tmp_path / "g.bin"))
+    assert (tmp_path / "g.bin").read_bytes() == b"fine bytes"
+
+
 # -- ls / info / cat ----------------------------------------------------------------------------
 
 
