@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import resource
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List
@@ -519,3 +520,20 @@ def test_pin_refuses_a_version_whose_objects_are_missing(mstore: casstore.Store)
     assert "model" not in mstore.pins()
     assert mstore.pin("model", d, allow_missing=True) == d  # remote-only objects, explicitly
     assert mstore.pins()["model"] == d
+
+
+def test_a_big_object_that_is_no_version_is_refused_from_its_first_bytes(tmp_path: Path) -> None:
+    """Found by a bug hunt: naming a data object where a version is expected read it whole to decode it
+    (400 MiB of zeros stored compressed in 13 KB took the process to 850 MB)."""
+    s = casstore.open(tmp_path / "s")
+    d = s.put(bytes(300 << 20), compress=True)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.monotonic()
+    with pytest.raises(casstore.StoreFormatError, match="is not a manifest version"):
+        s.manifest(str(d))
+    assert time.monotonic() - t0 < 5
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 << 10  # KiB: nothing read whole
+    with s.edit("big") as m:  # a real version past the peek size still reads
+        m["k"] = s.put(b"x")
+        m.meta["blob"] = "y" * (20 << 20)
+    assert len(casstore.open(s.root).manifest("big").meta["blob"]) == 20 << 20

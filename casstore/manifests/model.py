@@ -790,12 +790,42 @@ def load_manifest(objects: ObjectStore, d: Digest) -> ManifestDoc:
     """
     if not isinstance(d, Digest):
         raise InvalidTypeError(f"a manifest version is named by a Digest, not {type(d).__name__}")
+    if d not in _VALIDATED:
+        _refuse_big_non_manifest(objects, d)
     data = objects.read(d, verify=True)
     trusted = d in _VALIDATED  # the bytes hash to d, and d's bytes were validated (and canonical) before
     doc, canonical = _decode(data, d, trusted=trusted, objects=objects)
     if canonical and not trusted:
         _remember(d)
     return doc
+
+
+_PEEK_ABOVE = 16 << 20
+"""Objects larger than this are peeked at before they are read whole as a manifest version."""
+_VERSION_HEAD = b"\xa8casstore\xa8manifest"  # canonical: the sorted keys start with "casstore": "manifest"
+
+
+def _refuse_big_non_manifest(objects: ObjectStore, d: Digest) -> None:
+    """:class:`StoreFormatError` for a large object that does not begin as a manifest version does.
+
+    Hazard (found by a bug hunt): naming any object where a version is expected (``casstore manifest
+    show blake3:<prefix>``, an fsspec path ``blake3:<prefix>/x``) read it whole to decode it: 400 MiB
+    of zeros stored compressed in 13 KB took the process to 850 MB.  A version is canonical msgpack
+    whose first key is ``"casstore": "manifest"``; anything big that is not gets no further than its
+    first bytes.
+    """
+    try:
+        size = objects.stat(d).size
+    except ObjectNotFoundError:
+        return  # the read says so
+    if size <= _PEEK_ABOVE:
+        return
+    with objects.open(d, verify=False) as f:
+        head = f.read(32)
+    skip = 1 if head[:1] and 0x80 <= head[0] <= 0x8F else 3 if head[:1] == b"\xde" else 5 if head[:1] == b"\xdf" else -1
+    if skip < 0 or head[skip:skip + len(_VERSION_HEAD)] != _VERSION_HEAD:
+        raise StoreFormatError(f"object {d} ({size:,} bytes) is not a manifest version (a data object?); "
+                               "name a version (NAME, NAME~N, NAME@HEX or a version's digest)")
 
 
 def put_version(objects: LocalObjects, doc: ManifestDoc) -> Digest:
