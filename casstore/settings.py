@@ -525,7 +525,16 @@ def _table_of(path: Path, doc: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]]
     return table, prefix
 
 
-def _find_file(cwd: Path, env: Mapping[str, str]) -> Tuple[Optional[Path], Dict[str, Any], str]:
+def _cwd() -> Optional[str]:
+    """The working directory, or ``None`` if it was deleted (found by a bug hunt: ``os.getcwd()`` raised
+    FileNotFoundError and every command, reads included, ended "failed unexpectedly")."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        return None
+
+
+def _find_file(cwd: Optional[Path], env: Mapping[str, str]) -> Tuple[Optional[Path], Dict[str, Any], str]:
     explicit = env.get("CASSTORE_CONFIG")
     candidates: List[Path] = []
     if explicit == os.devnull:  # the way to say "no settings file" (a device is otherwise refused)
@@ -536,7 +545,7 @@ def _find_file(cwd: Path, env: Mapping[str, str]) -> Tuple[Optional[Path], Dict[
         except RuntimeError:  # "~" with no home directory
             candidates.append(Path(explicit))
     else:
-        for d in (cwd, *cwd.parents):
+        for d in (cwd, *cwd.parents) if cwd is not None else ():  # (no working directory: no project file)
             candidates.append(d / "casstore.toml")
             candidates.append(d / "pyproject.toml")
         xdg = env.get("XDG_CONFIG_HOME")
@@ -566,7 +575,8 @@ def load_settings(cwd: Optional[Union[str, os.PathLike[str]]] = None,
     if cwd is not None and not isinstance(cwd, (str, os.PathLike)):
         raise InvalidTypeError(f"load_settings(cwd=...) takes a path, not {type(cwd).__name__}")
     env = os.environ if env is None else env
-    here = Path.cwd() if cwd is None else Path(cwd).absolute()
+    where = _cwd() if cwd is None else os.fspath(cwd)
+    here = Path(where).absolute() if where is not None else None
     path, table, prefix = _find_file(here, env)
     # Every value in the file is checked, even one the environment overrides: whether a
     # settings file is valid must not depend on the environment it happens to be read in.
@@ -606,7 +616,7 @@ _cache: Dict[Tuple[Optional[str], ...], Settings] = {}
 
 def current() -> Settings:
     """:func:`load_settings` for this process, cached per working directory and environment."""
-    key = (os.getcwd(), os.environ.get("CASSTORE_CONFIG"), *(os.environ.get(k.env) for k in KNOBS.values()))
+    key = (_cwd(), os.environ.get("CASSTORE_CONFIG"), *(os.environ.get(k.env) for k in KNOBS.values()))
     s = _cache.get(key)
     if s is None:
         s = load_settings()

@@ -597,3 +597,20 @@ def test_fuzz_environment(home: Path, values: Dict[str, str]) -> None:
     s = outcome(lambda: load_settings(env=fake_env(values)))
     if s is not None:
         check_settings(s)
+
+
+def test_a_deleted_working_directory_is_no_settings_file_not_a_crash(tmp_path: Path) -> None:
+    """Found by a bug hunt: with the working directory deleted, every command ended "failed unexpectedly"
+    (os.getcwd raised), reads included."""
+    store = casstore.open(tmp_path / "s")
+    with store.edit("exp") as m:
+        m["k"] = store.put(b"x")
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CASSTORE_")}
+    for args in ("ls", "config"):
+        r = subprocess.run(["sh", "-c", f'cd "{gone}" && rmdir "{gone}" && "{sys.executable}" -m casstore '
+                            f'--store "{store.root}" {args}'], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0 and "unexpectedly" not in r.stderr, (args, r.stderr)
+        gone.mkdir()
+    assert "exp" in r.stdout or "store" in r.stdout
