@@ -8,7 +8,6 @@ Manifest versions are read (verified) and decoded by THE manifest decoder.
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -27,8 +26,6 @@ from ..manifests.graph import Graph, entry_refs, version_refs
 from ..manifests.model import ManifestDoc
 from ..objects.local import ObjFile
 from ..objects.reader import open_object_file
-
-log = logging.getLogger(__name__)
 
 _DAMAGE = (IntegrityError, StoreFormatError, ObjectNotFoundError)  # a tree node missing or damaged
 
@@ -201,13 +198,8 @@ def usage(store: Store, *, shares: Iterable[str] = ()) -> Usage:
         codecs[f.codec.name] += 1
         if f.hex not in logical or f.codec.byte_exact:
             logical[f.hex] = _logical_size(f)
-    heads: Dict[str, Digest] = {}
-    pins: Dict[str, Digest] = {}
-    for kind, out in (("heads", heads), ("pins", pins)):
-        got = store.refs.scan(kind)
-        out.update(got.refs)
-        for name, why in got.damaged.items():  # verify reports it; usage counts what it can read
-            log.warning("%s %r is not counted, its ref cannot be read: %s", kind[:-1], name, why)
+    heads = store.refs.readable("heads", "counted")  # (verify reports a damaged one)
+    pins = store.refs.readable("pins", "counted")
     unknown = [w for w in wanted if w not in heads and w not in pins]
     if unknown:
         raise ManifestNotFoundError(f"no head or pin named {unknown[0]!r}; `casstore ls` lists the names")

@@ -486,6 +486,15 @@ def _object_file(store: Store, d: Digest) -> str:
     return f"{store.objects.root}/{object_relpath(d, RAW)}"
 
 
+def _is_object_inode(store: Store, d: Digest, st: os.stat_result) -> bool:
+    """Is the file ``st`` describes the store's raw object file of ``d`` itself (a hard link to it)?"""
+    try:
+        obj = os.stat(_object_file(store, d), follow_symlinks=False)
+    except OSError:
+        return False
+    return (obj.st_dev, obj.st_ino) == (st.st_dev, st.st_ino)
+
+
 def _ours(store: Store, pfd: int, leaf: str, st: os.stat_result, rec: RecEntry, floor: int) -> Optional[RecEntry]:
     """The record's entry for ``leaf`` (lstat ``st``), refreshed, if the file is still as casstore left it;
     None if it is not (changed since, replaced, or no longer what casstore made).
@@ -498,11 +507,7 @@ def _ours(store: Store, pfd: int, leaf: str, st: os.stat_result, rec: RecEntry, 
         # mtime and ctime, so times say nothing; being the object file's inode says it all.
         if not stat.S_ISREG(st.st_mode):
             return None
-        try:
-            obj = os.stat(_object_file(store, d), follow_symlinks=False)
-        except OSError:
-            obj = None
-        if obj is not None and (obj.st_dev, obj.st_ino) == (st.st_dev, st.st_ino):
+        if _is_object_inode(store, d, st):
             return (d, _stat_key(st), how)
         # The object is gone (gc) or another file now: the inode casstore linked, with its bytes, is still ours.
         if (st.st_dev, st.st_ino) == key[:2] and _same_file(pfd, leaf, d, st.st_size):
@@ -890,15 +895,8 @@ def _check_leaf(store: Store, pfd: int, leaf: str, dest: str, e: Entry, overwrit
                     # The key was casstore's and now holds exactly this entry's bytes (just hashed): a sync
                     # killed after writing it but before saving its record (found by a bug hunt: every
                     # later sync refused the file as changed).  Casstore's again, recorded as it is now.
-                    how = 0
-                    try:
-                        obj = os.stat(_object_file(store, e.digest), follow_symlinks=False)
-                        if (obj.st_dev, obj.st_ino) == (st.st_dev, st.st_ino):
-                            how = _HARDLINK  # the object's own inode: see _ours
-                    except OSError:
-                        pass
-                    if not how and settled(st, floor):
-                        how = _SETTLED
+                    how = _HARDLINK if _is_object_inode(store, e.digest, st) else (  # see _ours
+                        _SETTLED if settled(st, floor) else 0)
                     return None, (e.digest, _stat_key(st), how)
                 return None, None  # the right bytes, but not casstore's as it left them: left alone, unrecorded
         if not replaceable:

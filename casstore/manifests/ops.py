@@ -35,7 +35,6 @@ Crash points for tests: ``manifest.before_object``, ``manifest.after_object``
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 import re
@@ -89,8 +88,6 @@ from .model import (
     validate_key,
 )
 from .provenance import derive_params, input_labels
-
-log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from ..objects.base import ObjectInfo
@@ -890,22 +887,13 @@ def _record_url(store: Store, d: Digest) -> Optional[str]:
     return public_url(url) if meta.get("kind") == "casstore.fetch" and isinstance(url, str) else None
 
 
-def _readable_refs(store: Store, kind: str) -> Dict[str, Digest]:
-    """The readable refs of a kind; each damaged one is a warning (a listing goes on without it,
-    never silently: ``casstore verify`` reports it and gc refuses to run until it is fixed)."""
-    got = store.refs.scan(kind)
-    for name, why in got.damaged.items():
-        log.warning("%s %r is not listed, its ref cannot be read: %s", kind[:-1], name, why)
-    return got.refs
-
-
 def list_names(store: Store, *, include_internal: bool = False) -> List[NameInfo]:
     """Every head and pin, sorted by name; internal records (``_fetch/...``) only if asked.
 
     Internal ones are shown with their URL (read from their metadata).
     """
     include_internal = _flag(include_internal, "include_internal")
-    pins, heads = _readable_refs(store, "pins"), _readable_refs(store, "heads")
+    pins, heads = store.refs.readable("pins", "listed"), store.refs.readable("heads", "listed")
     out: List[NameInfo] = []
     for name in sorted(set(pins) | set(heads)):
         internal = is_internal(name)

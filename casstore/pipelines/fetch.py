@@ -36,7 +36,6 @@ import errno
 import hashlib
 import logging
 import os
-import re
 import threading
 import time
 import urllib.parse
@@ -74,7 +73,7 @@ from .common import (
     refuse_pinned,
     write_head,
 )
-from .http import Response, Source, get, open_file, parse_content_range, parse_source
+from .http import Response, Source, get, open_file, parse_content_range, parse_source, without_userinfo
 from .remote import RemoteShare, adopt_version, run_once_remote
 
 if TYPE_CHECKING:
@@ -116,9 +115,6 @@ _KEY_SECRETS = frozenset({
 })
 """Query parameters whose values a record's name never depends on (exact names, any case)."""
 
-_USERINFO_KEY = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:)?//[^/?#]*@")
-
-
 def _record_key(url: str) -> str:
     """The secret-free form of ``url`` its record is named after.
 
@@ -132,7 +128,7 @@ def _record_key(url: str) -> str:
     ``?author=b`` one record, the second fetch returning the first one's bytes.
     """
     head = url.partition("#")[0]
-    head = _USERINFO_KEY.sub(lambda m: f"{m.group(1) or ''}//", head, count=1)
+    head = without_userinfo(head)
     base, qmark, query = head.partition("?")
     if not query:
         return head

@@ -85,13 +85,18 @@ _TRAILER_WAIT = 0.5  # seconds to look for bytes past Content-Length before acce
 _FILE_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 
+def without_userinfo(url: str, put: str = "") -> str:
+    """``url`` with its ``user:pass@`` replaced by ``put`` (``"***@"`` to show it was there)."""
+    return _USERINFO.sub(lambda m: f"{m.group(1) or ''}//{put}", url, count=1)
+
+
 def redact(url: str) -> str:
     """``url`` with ``user:pass@`` and token-like query (and fragment) values replaced by ``***``.
 
     Works on any string, parseable or not, and never raises: error messages
     about malformed URLs use it too.
     """
-    shown = _USERINFO.sub(lambda m: f"{m.group(1) or ''}//***@", url, count=1)
+    shown = without_userinfo(url, "***@")
 
     def param(m: re.Match[str]) -> str:
         name = urllib.parse.unquote(m.group(2))

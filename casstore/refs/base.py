@@ -14,6 +14,7 @@ every implementation's tests subclass (``tests/test_conformance_refs.py``).
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Dict, Optional
@@ -22,6 +23,8 @@ from ..digest import Digest
 from ..errors import StoreFormatError
 
 __all__ = ["Ref", "RefListing", "RefStore", "KINDS"]
+
+log = logging.getLogger("casstore.refs")
 
 KINDS = ("heads", "pins")
 
@@ -78,6 +81,15 @@ class RefStore(ABC):
             name, why = next(iter(got.damaged.items()))
             more = f" (and {len(got.damaged) - 1} more damaged {kind})" if len(got.damaged) > 1 else ""
             raise StoreFormatError(f"{kind[:-1]} {name!r} cannot be read{more}: {why}")
+        return got.refs
+
+    def readable(self, kind: str, left_out: str) -> Dict[str, Digest]:
+        """The readable refs of a kind, for a caller that can go on without the damaged ones (a
+        listing, a usage count): each is a warning "head 'x' is not <left_out>, ..." (never silent:
+        ``casstore verify`` reports it, and gc refuses to run until it is fixed)."""
+        got = self.scan(kind)
+        for name, why in got.damaged.items():
+            log.warning("%s %r is not %s, its ref cannot be read: %s", kind[:-1], name, left_out, why)
         return got.refs
 
     def get(self, kind: str, name: str) -> Optional[Digest]:
