@@ -242,20 +242,24 @@ def read_limit_s(t_read: float, t_hash_1core: float) -> float:
     return max(t_read, (t_read + t_hash_1core) / 2)
 
 
-# One core's BLAKE3 is bound by the core, not by where the bytes come from: 5,029-5,096 MB/s from
-# pools of 64 MiB to 1 GiB and 5,007 MB/s from a file's page cache through a map (2026-12-06; this
-# machine reports a 300 MiB L3, so the pool need not be larger than the caches to be fair).
-HASH_POOL_BYTES = 64 * MiB
+# The bytes a verified read hashes come from the page cache, i.e. from DRAM: a 1 GiB object or 200
+# x 4 MiB of files do not fit in this machine's caches.  A hash pool that does fit overstates the
+# machine: one core's BLAKE3 of 1 GiB took 146 ms from a 64 MiB pool (16 passes) against 165-181 ms
+# from pools of 256 MiB to 1 GiB (2026-12-06 06:35 UTC, interleaved, medians of 7; the machine reports
+# a 300 MiB L3).  An earlier measurement (5,029-5,096 MB/s from 64 MiB to 1 GiB, the same day at
+# night) saw no difference while the memory ran at its slower speed; so the pool is as large as the
+# largest read it bounds, and each hash walks it from DRAM as the page cache would be read.
+HASH_POOL_BYTES = 1024 * MiB
 
 
 class HashPool:
     """Incompressible bytes to hash "the same number of bytes" without holding a second copy of them.
 
-    BLAKE3's speed does not depend on the values, only on the length; on one
-    core it does not depend on where the bytes come from either (measured: see
-    :data:`HASH_POOL_BYTES`), so a hash of ``nbytes`` taken from the pool in
-    turn runs like a hash of the page cache, minus the page faults of mapping
-    a file (those are a cost of the implementation, not of the machine).
+    BLAKE3's speed does not depend on the values, only on the length, and the
+    pool is too large for the caches (see :data:`HASH_POOL_BYTES`), so a hash of
+    ``nbytes`` taken from the pool in turn runs like a hash of the page cache
+    (DRAM), minus the page faults of mapping a file (those are a cost of the
+    implementation, not of the machine).
     """
 
     def __init__(self, size: int = HASH_POOL_BYTES, seed: int = 7) -> None:
