@@ -253,6 +253,36 @@ def test_ranged_full_read_of_a_tampered_object_raises_before_the_end(tmp_path: P
     assert os.listdir(b.root / "tmp") == []
 
 
+def test_ranged_seek_back_to_the_start_verifies_again(tmp_path: Path, remote: casstore.Remote,
+                                                     seaweed: Any) -> None:
+    """Size by seek(0, SEEK_END), seek(0), read it all: the tampered object raises, as ObjectReader does."""
+    a = casstore.open(tmp_path / "a")
+    big = os.urandom(6 * MiB)
+    d = a.put(big)
+    with a.edit("big") as m:
+        m["big"] = d
+    a.push(remote, "big")
+    b = _ranged(tmp_path, remote)
+    with b.open(d) as f:  # the genuine object: verified and kept after the seeks
+        f.read(100)
+        assert f.seek(0, os.SEEK_END) == len(big)
+        f.seek(0)
+        assert f.read() == big
+    assert b.objects.has(d)  # kept: the full read after the seek back was verified
+    bad = bytearray(big)
+    bad[-1] ^= 1
+    seaweed.client().put_object(Bucket=BUCKET, Key=_key(remote, d), Body=bytes(bad))
+    c = _ranged(tmp_path, remote, "c")
+    with pytest.raises(IntegrityError, match="corrupt"):
+        with c.open(d) as f:
+            f.read(100)
+            f.seek(0, os.SEEK_END)
+            f.seek(0)
+            f.read()
+    assert not c.objects.has(d)
+    assert os.listdir(c.root / "tmp") == []
+
+
 def test_pull_lazy_brings_refs_and_manifests_only(tmp_path: Path, remote: casstore.Remote) -> None:
     _, ds = _published(remote, tmp_path, n=8)
     c = casstore.open(tmp_path / "c", upstream=False)

@@ -112,7 +112,8 @@ class RangedReader(io.RawIOBase):
     on a mismatch).  The same in-order bytes are staged into ``keep`` (the
     local store) and published there once verified, so a full read also
     brings the object home.  A seek away from the position the hash has
-    reached turns verification (and keeping) off for this reader.
+    reached turns verification (and keeping) off until a seek back to offset 0,
+    from where a full read is verified again.
     """
 
     def __init__(self, upstream: Upstream, digest: Digest, size: int, keep: Optional[LocalObjects]) -> None:
@@ -152,7 +153,20 @@ class RangedReader(io.RawIOBase):
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         pos = self._pos = seek_target(offset, whence, self._pos, self._size)
-        if pos != self._seen and self._verifying and not self._done:
+        if pos == 0 and self._seen != 0:
+            # Back to the start: a full in-order read from here is verified (and kept) again.  Hazard
+            # (the one found in ObjectReader by a bug hunt): "seek to the end for the size, seek back,
+            # read it all" turned verification off for good, and a tampered remote object came back
+            # without an error.  Every byte is fetched again, so it is hashed again, even after a
+            # verified read.
+            self._drop_staging()
+            self._hasher = new_hasher()
+            self._seen = 0
+            self._done = False
+            self._verifying = True
+            keep = self._keep
+            self._staging = keep.stage("range") if keep is not None and keep.writable else None
+        elif pos != self._seen and self._verifying and not self._done:
             # Not where the hash has got to: the bytes handed out from here on are unverified.
             self._verifying = False
             self._drop_staging()
