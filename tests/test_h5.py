@@ -306,6 +306,68 @@ def test_links_and_virtual_datasets_within_the_file_are_fine(store: casstore.Sto
             np.testing.assert_array_equal(f["grp/hard"][...], np.arange(4))
 
 
+def _unlinked_but_kept(f: h5py.File, obj: Any) -> None:
+    """Raise ``obj``'s header reference count (H5Oincr_refcount: h5py has no wrapper), then remove its
+    only link: HDF5 keeps the object, reachable through references only (no link names it)."""
+    import ctypes
+    import ctypes.util
+    import glob
+
+    libs = glob.glob(os.path.join(os.path.dirname(h5py.__file__) + ".libs", "libhdf5-*"))
+    lib = ctypes.CDLL(libs[0] if libs else ctypes.util.find_library("hdf5") or "libhdf5.so")
+    lib.H5Oincr_refcount.argtypes = [ctypes.c_int64]
+    assert lib.H5Oincr_refcount(obj.id.id) >= 0
+    del f[obj.name]
+
+
+@pytest.mark.parametrize("where", ["attribute", "dataset", "compound", "group"])
+def test_an_object_reached_only_through_a_reference_is_walked(store: casstore.Store, tmp_path: Path,
+                                                               where: str) -> None:
+    """Found by a bug hunt: a dataset with external raw storage that no link names (its reference count
+    raised, then unlinked), reached through a reference, read /etc/hostname through open_hdf5."""
+    target = _outside_target(tmp_path, "abs")
+
+    def build(f: h5py.File) -> None:
+        if where == "group":  # a hidden group that holds an external link
+            hidden = f.create_group("hidden")
+            hidden["link"] = h5py.ExternalLink(target, "/secret")
+        else:
+            hidden = f.create_dataset("hidden", shape=(16,), dtype="u1", external=[(target, 0, 16)])
+        ref = hidden.ref
+        _unlinked_but_kept(f, hidden)
+        del hidden
+        if where in ("attribute", "group"):
+            f["fine"].attrs["ptr"] = ref
+        elif where == "dataset":
+            f.create_dataset("refs", data=np.array([h5py.Reference(), ref], dtype=h5py.ref_dtype))
+        else:
+            dt = np.dtype([("n", "i4"), ("r", h5py.ref_dtype)])
+            f.create_dataset("table", data=np.array([(1, ref)], dtype=dt))
+
+    src = _hostile(tmp_path, build)
+    with h5py.File(src, "r") as f:  # (the hidden object is there: plain h5py reads outside)
+        assert "hidden" not in f
+    what = "external link" if where == "group" else "external raw storage"
+    _assert_refused(store, src, rf"referenced object.*{what}|{what}.*")
+
+
+def test_references_within_the_file_are_fine(store: casstore.Store, tmp_path: Path) -> None:
+    def build(f: h5py.File) -> None:
+        g = f.create_group("grp")
+        g["a"] = np.arange(6)
+        f["fine"].attrs["to_group"] = g.ref
+        f["fine"].attrs["to_self"] = f["fine"].ref
+        f["fine"].attrs["plain"] = 1.5
+        f.create_dataset("refs", data=np.array([g["a"].ref, h5py.Reference()], dtype=h5py.ref_dtype))
+        f.create_dataset("regions", data=np.array([g["a"].regionref[1:3]], dtype=h5py.regionref_dtype))
+
+    d = store.put_path(_hostile(tmp_path, build), compress=False)
+    for verify in (True, True, False):
+        with store.open_hdf5(d, verify=verify) as f:
+            np.testing.assert_array_equal(f[f["refs"][0]][...], np.arange(6))
+            assert f[f["fine"].attrs["to_group"]].name == "/grp"
+
+
 def test_a_remembered_walk_never_covers_other_bytes(store: casstore.Store, h5file: Path, tmp_path: Path) -> None:
     """The walk's memo is for verified bytes of one file: bytes rewritten under the same digest are walked again."""
     d = store.put_path(h5file, compress=False)
