@@ -84,6 +84,7 @@ __all__ = [
     "TREE_FORMAT",
     "NodeSource",
     "check_entries",
+    "refuse_big_non_manifest",
     "unpack_bounded",
     "pack",
     "UNPACK_ERRORS",
@@ -791,7 +792,7 @@ def load_manifest(objects: ObjectStore, d: Digest) -> ManifestDoc:
     if not isinstance(d, Digest):
         raise InvalidTypeError(f"a manifest version is named by a Digest, not {type(d).__name__}")
     if d not in _VALIDATED:
-        _refuse_big_non_manifest(objects, d)
+        refuse_big_non_manifest(objects, d)
     data = objects.read(d, verify=True)
     trusted = d in _VALIDATED  # the bytes hash to d, and d's bytes were validated (and canonical) before
     doc, canonical = _decode(data, d, trusted=trusted, objects=objects)
@@ -805,7 +806,7 @@ _PEEK_ABOVE = 16 << 20
 _VERSION_HEAD = b"\xa8casstore\xa8manifest"  # canonical: the sorted keys start with "casstore": "manifest"
 
 
-def _refuse_big_non_manifest(objects: ObjectStore, d: Digest) -> None:
+def refuse_big_non_manifest(objects: ObjectStore, d: Digest) -> None:
     """:class:`StoreFormatError` for a large object that does not begin as a manifest version does.
 
     Hazard (found by a bug hunt): naming any object where a version is expected (``casstore manifest
