@@ -258,6 +258,19 @@ def test_debug_shows_traceback(tmp_path: Path) -> None:
     assert "casstore.errors.ObjectNotFoundError" in err
 
 
+@pytest.mark.parametrize("command", [["ls"], ["stats"], ["pins"], ["verify"], ["ls", "--objects"], ["gc"]])
+def test_a_new_users_first_read_command_lists_an_empty_default_store(tmp_path: Path, command: List[str]) -> None:
+    """Found by a bug hunt: the README says the default store is made on first use, but a new user's
+    first `casstore ls` failed with "not a casstore store"."""
+    default = tmp_path / "home" / ".cache" / "casstore"
+    _ok(cli(tmp_path, *command))
+    assert (default / "store.toml").is_file()
+    # An explicit --store that is not a store is still refused (a typo never starts a new store).
+    r = cli(tmp_path, "--store", str(tmp_path / "sotre"), *command)
+    assert r.returncode == 1 and b"casstore init" in r.stderr
+    assert not (tmp_path / "sotre").exists()
+
+
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
     r = cli(tmp_path)
     assert r.returncode == 2 and b"usage:" in r.stderr

@@ -376,6 +376,8 @@ def test_demo_runs_in_a_temporary_store_and_explains_itself(tmp_path: Path) -> N
     assert not (tmp_path / "home" / ".cache" / "casstore").exists()  # the default store was not touched
     tmp_root = r.stdout.split("store: ", 1)[1].split(" ", 1)[0]
     assert not Path(tmp_root).exists()
+    # It never suggests a command on the store it has deleted (found by a bug hunt).
+    assert "see `casstore manifest show demo`" not in r.stdout and "`casstore --store DIR demo` keeps it" in r.stdout
     root = tmp_path / "kept"
     casstore.open(root)
     r = cli(tmp_path, "--store", str(root), "demo", "--json")

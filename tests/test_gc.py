@@ -442,8 +442,8 @@ def test_a_parent_link_naming_a_big_data_object_is_never_read_whole(store: casst
         "plan = s.plan_gc(grace=0)\n"
         "rep = s.verify()\n"
         "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]\n"
-        "print(plan.why(sys.argv[2]).split(':')[0], rep.ok, hwm)\n"  # (VmHWM: this process's peak; exec starts it afresh)
-    )
+        "print(plan.why(sys.argv[2]).split(':')[0], rep.ok, hwm)\n"
+    )  # (VmHWM: this process's peak; exec starts it afresh, unlike ru_maxrss)
     r = subprocess.run([sys.executable, "-c", child, str(store.root), big.hex], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr

@@ -228,6 +228,7 @@ def test_cli_config_prints_values_and_sources(home: Path, tmp_path: Path) -> Non
     assert "True" in lines["force_download"] and "env CASSTORE_FORCE_DOWNLOAD" in lines["force_download"]
     assert "True" in lines["regenerate"]
     assert "default" in lines["compression"]
+    assert "None" not in r.stdout and "(each store's own)" in lines["durable"]  # (None read like a value)
     assert str(tmp_path / "cache" / "casstore") in lines["store"]
 
     r = run_cli("config", "--json", cwd=home / "src", env=env)

@@ -24,7 +24,7 @@ def _open(args: argparse.Namespace, verify: str) -> IndexCache:
     """The preserved cache ``args.name``; IndexCache comes from the package's public names."""
     from .. import IndexCache
 
-    return IndexCache.open(open_from_args(args, create=False), args.name, verify=verify)
+    return IndexCache.open(open_from_args(args), args.name, verify=verify)
 
 
 def cmd_cache_info(args: argparse.Namespace) -> int:

@@ -131,13 +131,14 @@ JSON_HELP = "print one JSON document on stdout (nothing else on stdout)"
 """The help text of every command's ``--json``."""
 
 
-def open_from_args(args: argparse.Namespace, *, create: bool = True) -> Store:
-    """The store chosen by ``--store``, else the ``store`` setting (``create=False``: never make one).
+def open_from_args(args: argparse.Namespace) -> Store:
+    """The store chosen by ``--store``, else the ``store`` setting.
 
     Only the per-user default (``$CASSTORE_DIR`` or the settings' ``store``) is
-    created on first use: an explicit ``--store`` that is not a store is refused
-    with a hint, so a typo (``--store /data/sotre``) never silently starts a new,
-    empty store beside the real one.
+    created on first use, by any command (README: a new user's first ``casstore ls``
+    lists an empty store; it failed with "not a casstore store", found by a bug hunt):
+    an explicit ``--store`` that is not a store is refused with a hint, so a typo
+    (``--store /data/sotre``) never silently starts a new, empty store beside the real one.
     """
     given: Optional[str] = getattr(args, "store", None)
     if given == "":
@@ -150,7 +151,7 @@ def open_from_args(args: argparse.Namespace, *, create: bool = True) -> Store:
             raise StoreFormatError(f"--store {args.store}: no casstore store there; create one with "
                                    f"`casstore init {args.store}` (or omit --store to use the default store)")
         return open_store(root, create=False)
-    return open_store(default_store_dir(), create=create)
+    return open_store(default_store_dir(), create=True)
 
 
 def add_global_options(parser: argparse.ArgumentParser) -> None:

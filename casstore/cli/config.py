@@ -21,7 +21,10 @@ def cmd_config(args: argparse.Namespace) -> int:
         return 0
     print(f"# settings file: {st.file or '(none found)'}")
     for k, v in doc.items():
-        print(f"{k:15} = {v!r:40} # {st.sources[k]}")
+        # None (compression, durable) means "as each store was made" (`casstore init --compress/--scratch`);
+        # "None" read like a value (found by a bug hunt).
+        shown = "(each store's own)" if v is None else repr(v)
+        print(f"{k:15} = {shown:40} # {st.sources[k]}")
     return 0
 
 

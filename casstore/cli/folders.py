@@ -65,7 +65,7 @@ def cmd_add(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """``casstore status NAME DIR [--version NAME~N] [--exclude GLOB ...] [--json]``."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     try:
         st = store.status(args.name, args.dir, version=args.version, exclude=args.exclude,
                           progress=None if not args.json else False)

@@ -55,7 +55,7 @@ def _report_gc(args: argparse.Namespace, plan: Union[GCPlan, RemoteGCPlan], aske
 
 def cmd_gc_remote(args: argparse.Namespace) -> int:
     """``casstore gc --remote NAME``: plan (and with --yes execute) a gc of a remote."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     if args.max_size is not None:
         raise InvalidInputError("--max-size applies to the local store only; drop it or drop --remote")
     plan = store.plan_gc(keep_history=args.keep_history, grace=args.grace, remote=args.remote)
@@ -71,7 +71,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     """Plan (and with --yes execute) a garbage collection, or a size limit with --max-size."""
     if args.remote:
         return cmd_gc_remote(args)
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     if args.max_size is not None:
         plan = store.plan_limit(args.max_size, keep_history=args.keep_history, grace=args.grace)
     else:
@@ -84,7 +84,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Verify every object and reference; exit 1 if anything is damaged."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     report = store.verify(fast=args.fast, repair=args.repair, incremental=args.incremental)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -95,7 +95,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_du_remote(args: argparse.Namespace) -> int:
     """``casstore du --remote NAME``: bytes the remote's live names reference vs bytes stored there."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     if args.names or args.shared:
         raise InvalidInputError("du --remote lists every remote pin and head; NAME and --shared are local-only")
     u = store.remote_usage(args.remote)
@@ -121,7 +121,7 @@ def cmd_du(args: argparse.Namespace) -> int:
     """Disk usage per pin and head (their current versions); with NAME or --shared, what each shares."""
     if args.remote:
         return cmd_du_remote(args)
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     u = store.usage(shares=args.names or ([*store.pins(), *store.heads()] if args.shared else []))
     rows = [n for n in u.by_name if (args.by is None or n.kind == args.by) and (not args.names or n.name in args.names)]
     if args.json:
@@ -143,7 +143,7 @@ def cmd_du(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """Store-wide usage: objects, bytes, compression, dedupe of the live names, history."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     u = store.usage()
     fs = store.filesystem()  # cached per mount: locks, hard links, reflink (issue 17; casstore doctor)
     if args.json:

@@ -47,7 +47,7 @@ def _entry_doc(e: Entry) -> Dict[str, Any]:
 
 def cmd_manifest_show(args: argparse.Namespace) -> int:
     """``casstore manifest show TARGET``: a manifest's entries and metadata."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     man = store.manifest(args.target)
     if args.json:
         print(json.dumps({
@@ -107,7 +107,7 @@ def cmd_manifest_set(args: argparse.Namespace) -> int:
 
 def cmd_manifest_rm(args: argparse.Namespace) -> int:
     """``casstore manifest rm NAME KEY...``."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     with store.edit(args.name, timeout=args.timeout) as m:
         for key in args.keys:
             if key not in m:
@@ -123,14 +123,14 @@ def cmd_manifest_rm(args: argparse.Namespace) -> int:
 
 def cmd_freeze(args: argparse.Namespace) -> int:
     """``casstore freeze NAME``: the head becomes a pin."""
-    d = open_from_args(args, create=False).freeze(args.name)
+    d = open_from_args(args).freeze(args.name)
     print(json.dumps({"pin": args.name, "digest": str(d)}) if args.json else d)
     return 0
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
     """``casstore pin NAME TARGET``."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     try:
         d = store.pin(args.name, args.target, force=args.force)
         print(json.dumps({"pin": args.name, "digest": str(d)}) if args.json else d)
@@ -142,7 +142,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     """``casstore rm NAME [--force]``: delete a head (a pin with --force); its versions stay until gc."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     try:
         d = store.remove(args.name, force=args.force, timeout=args.timeout)
     except FrozenError:
@@ -159,7 +159,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 def cmd_mv(args: argparse.Namespace) -> int:
     """``casstore mv OLD NEW [--force]``: rename a head (a pin with --force), history and all."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     try:
         d = store.rename(args.old, args.new, force=args.force, timeout=args.timeout)
     except FrozenError:
@@ -179,14 +179,14 @@ def cmd_mv(args: argparse.Namespace) -> int:
 
 def cmd_unpin(args: argparse.Namespace) -> int:
     """``casstore unpin NAME``."""
-    d = open_from_args(args, create=False).unpin(args.name)
+    d = open_from_args(args).unpin(args.name)
     print(json.dumps({"unpinned": args.name, "digest": str(d)}) if args.json else d)
     return 0
 
 
 def cmd_pins(args: argparse.Namespace) -> int:
     """``casstore pins [--heads] [--all]``: internal records (``_fetch/...``) only with ``--all``."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     refs = store.heads() if args.heads else store.pins()
     if not args.all:
         refs = {k: v for k, v in refs.items() if not is_internal(k)}
@@ -257,7 +257,7 @@ def _meta_lines(label: str, md: MetaDiff, skip: Tuple[Tuple[str, ...], ...] = ()
 
 def cmd_diff(args: argparse.Namespace) -> int:
     """``casstore diff A B``: keys added, removed and changed; metadata, derive params and inputs changed."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     df = store.diff(args.a, args.b)
     if args.json:
         print(json.dumps({
@@ -294,7 +294,7 @@ def cmd_checkout(args: argparse.Namespace) -> int:
     if args.force and not args.sync:
         raise InvalidInputError("--force only applies with --sync (it lets sync remove or replace files changed "
                                 "since casstore wrote them); use --overwrite to replace other files")
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     # A bar by bytes on a terminal's stderr only (None); --json asks for a quiet, script-driven run.
     try:
         written = store.checkout(args.target, args.dir, overwrite=args.overwrite, sync=args.sync, link=args.link,
@@ -380,7 +380,7 @@ def _log_lines(doc: Mapping[str, Any]) -> List[str]:
 
 def cmd_log(args: argparse.Namespace) -> int:
     """``casstore log TARGET``: versions, newest first, with message, time and changed keys."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     versions = store.history(args.target, limit=None if args.limit is None else args.limit + 1)
     shown = versions if args.limit is None else versions[:args.limit]
     docs = []

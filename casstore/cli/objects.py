@@ -278,7 +278,7 @@ _OBJECT_HELP = ("a digest or unique prefix, or NAME:KEY for the file KEY of a ve
 def cmd_get(args: argparse.Namespace) -> int:
     """``casstore get OBJECT [-o FILE]``: write an object's bytes (verified unless --no-verify); OBJECT may
     be ``NAME:KEY`` (:func:`~casstore.cli.common.resolve_digest`)."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     d = resolve_digest(store, args.digest)
     if args.output == "":  # (was: the bytes went to stdout, past the refusal to write binary to a terminal)
         raise InvalidInputError("-o is empty: give a file to write, or - for stdout")
@@ -326,7 +326,7 @@ def _looks_binary(head: bytes) -> bool:
 
 def cmd_stat(args: argparse.Namespace) -> int:
     """``casstore stat OBJECT``: size, stored size and codec of one object (or of ``NAME:KEY``)."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     info = store.stat(resolve_digest(store, args.digest))
     doc = {"digest": str(info.digest), "size": info.size, "stored_size": info.stored_size, "codec": info.codec}
     if args.json:
@@ -343,7 +343,7 @@ def _when(t: Optional[float]) -> str:
 
 def _ls_names(args: argparse.Namespace) -> int:
     """``casstore ls``: heads and pins with versions, size, last change; internal records only with --all."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     rows = store.name_rows(include_internal=args.all, filters=args.filter, sort=args.sort or "name",
                            reverse=args.reverse, max_versions=args.max_versions)
     if args.json:
@@ -388,7 +388,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
                         ("--filter", bool(args.filter))):
         if given:
             raise InvalidInputError(f"{flag} applies to the name listing; drop --objects to list names")
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     docs = []
     for info in store.iter_info():
         doc = {"digest": str(info.digest), "size": info.size, "stored_size": info.stored_size, "codec": info.codec}
@@ -464,8 +464,9 @@ def _demo(store: Store, as_json: bool, *, temporary: bool) -> int:
     versions = len(store.history("demo"))
     facts["manifest"] = {"name": "demo", "digest": str(m.result.digest) if m.result else None, "versions": versions}
     say(f"6. manifest 'demo' -> {m.result.digest.short() if m.result else '?'}: names three objects by key "
-        f"({versions} version{'s' if versions != 1 else ''}; see `casstore manifest show demo`, "
-        "`casstore log demo`)")
+        f"({versions} version{'s' if versions != 1 else ''}; "
+        + ("`casstore --store DIR demo` keeps it for `casstore manifest show demo` and `casstore log demo`)"
+           if temporary else f"see `casstore --store {store.root} manifest show demo`, `... log demo`)"))
     after = sum(1 for _ in store.iter_objects())
     facts["objects"] = {"before": before, "after": after}
     say(f"7. objects in store: {before} before, {after} after (two puts of one payload stored once; "

@@ -48,7 +48,7 @@ def cmd_remote_add(args: argparse.Namespace) -> int:
 
 def cmd_remote_rm(args: argparse.Namespace) -> int:
     """``casstore remote rm NAME``: forget a remote."""
-    open_from_args(args, create=False).remove_remote(args.name)
+    open_from_args(args).remove_remote(args.name)
     if args.json:
         print(json.dumps({"removed": args.name}))
     return 0
@@ -56,7 +56,7 @@ def cmd_remote_rm(args: argparse.Namespace) -> int:
 
 def cmd_remote_ls(args: argparse.Namespace) -> int:
     """``casstore remote ls [NAME]``: configured remotes, or one remote's pins and heads."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     if not args.name:
         remotes = store.remotes()
         if args.json:
@@ -91,7 +91,7 @@ def cmd_remote_ls(args: argparse.Namespace) -> int:
 
 def cmd_remote_upstream(args: argparse.Namespace) -> int:
     """``casstore remote upstream [NAME | --none]``: show or set the remote the store reads through."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     if args.none:
         store.set_upstream(None)
     elif args.name:
@@ -107,7 +107,7 @@ def cmd_remote_upstream(args: argparse.Namespace) -> int:
 
 def cmd_remote_check(args: argparse.Namespace) -> int:
     """``casstore remote check NAME``: probe the server's conditional writes."""
-    rem = _remote(open_from_args(args, create=False), args.name)
+    rem = _remote(open_from_args(args), args.name)
     rem.check()
     if args.json:
         print(json.dumps({"name": args.name, "remote": rem.describe(), "create_only": True, "compare_and_swap": True}))
@@ -118,7 +118,7 @@ def cmd_remote_check(args: argparse.Namespace) -> int:
 
 def cmd_push(args: argparse.Namespace) -> int:
     """``casstore push NAME [PIN|HEAD...]``."""
-    store = open_from_args(args, create=False)
+    store = open_from_args(args)
     rem = _remote(store, args.remote, args.workers)
     report = store.push(rem, *args.names, force=args.force)
     _print_report(report, args)
