@@ -232,6 +232,27 @@ def test_log_shows_time_message_and_change_counts(history: Tuple[str, casstore.S
     assert when in lines[0]
 
 
+def test_a_message_belongs_to_one_version(history: Tuple[str, casstore.Store],
+                                          capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Found by a bug hunt: `manifest set` and `manifest rm` after `add -m` repeated its message in the log."""
+    store, s = history
+    f = tmp_path / "extra.txt"
+    f.write_text("x")
+    _ok(capsys, "--store", store, "manifest", "set", "exp", "extra.txt", str(f))
+    _ok(capsys, "--store", store, "manifest", "rm", "exp", "new.txt")
+    doc = json.loads(_ok(capsys, "--store", store, "log", "exp", "--json"))
+    assert [d["message"] for d in doc] == [None, None, "second run", "first run"]
+    assert doc[0]["meta"] == {"lr": 0.1}  # the rest of the metadata is inherited as before
+    # A message alone is not a change (as for add); with a change, it is the new version's.
+    with s.edit("exp") as m:
+        m.meta["message"] = "only a message"
+    assert m.result is not None and m.result.digest == s.manifest("exp").digest and len(s.history("exp")) == 4
+    with s.edit("exp") as m:
+        m["more.txt"] = s.put(b"more")
+        m.meta["message"] = "one more file"
+    assert s.manifest("exp").meta["message"] == "one more file"
+
+
 def test_log_keys_are_listed_and_capped(history: Tuple[str, casstore.Store],
                                         capsys: pytest.CaptureFixture[str]) -> None:
     store, _s = history

@@ -233,7 +233,11 @@ class ManifestEditor(MutableMapping[str, Entry]):
         # A deep copy (canonical_meta copies): nested values (m.meta["cfg"]["lr"] = 2) must not
         # alias the base version's, or the change would compare equal to the base and be dropped.
         self.meta: Dict[str, Any] = canonical_map(base.meta) if base is not None else {}
-        """Manifest-level metadata to commit (a plain, mutable dict)."""
+        """Manifest-level metadata to commit (a plain, mutable dict): the base version's, without its
+        ``"message"`` (a message describes one version, as ``add -m`` sets it)."""
+        # Hazard (found by a bug hunt): every later version (a `manifest set`, a pull's merge) carried
+        # the message of the last `add -m`, and `casstore log` showed it on each of them.
+        self.meta.pop(MESSAGE_KEY, None)
         self._dirty = False
         self.result: Optional[Manifest] = base
         """The committed version after the ``with`` block (or the base if nothing changed)."""
@@ -352,8 +356,9 @@ class ManifestEditor(MutableMapping[str, Entry]):
     def _commit(self) -> Optional[Manifest]:
         meta = canonical_map(self.meta, "manifest metadata")  # bad metadata fails here, before anything is written
         # Compared encoded: 1 == 1.0 == True in Python, but they are different metadata.
+        # (A message alone is not a change; nor is the base's message left out.)
         if not self._dirty and (self.base is None and not meta or self.base is not None
-                                and _packed_meta(meta) == _packed_meta(self.base.meta)):
+                                and _packed_meta(_no_message(meta)) == _packed_meta(_no_message(self.base.meta))):
             return self.base
         completed = self._completed()
         base, head = self.base, self._head
@@ -406,6 +411,14 @@ class ManifestEditor(MutableMapping[str, Entry]):
 _MAX_REBASES = 1000
 """Lost claims an edit re-applies before giving up: each loss means another edit of the name
 committed, so only a name edited by many others without pause can run an edit out of tries."""
+
+
+MESSAGE_KEY = "message"
+"""The metadata key of a version's message (``casstore add -m``, ``casstore log``): never inherited by an edit."""
+
+
+def _no_message(meta: Mapping[str, Any]) -> Mapping[str, Any]:
+    return {k: v for k, v in meta.items() if k != MESSAGE_KEY} if MESSAGE_KEY in meta else meta
 
 
 def _packed_meta(meta: Mapping[str, Any]) -> bytes:
