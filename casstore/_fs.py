@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import io
+import logging
 import os
 import queue
 import re
@@ -55,6 +56,9 @@ __all__ = [
     "refuse_links_between",
     "copy_exact",
     "read_up_to",
+    "read_small_file",
+    "open_store_dir",
+    "move_into",
     "fresh_bytes",
     "Readable",
     "disk_full",
@@ -72,6 +76,7 @@ STALE_AGE = 24 * 3600.0
 _HOST = re.sub(r"[^A-Za-z0-9_-]", "_", os.uname().nodename)[:64] or "host"
 _TMP_RE = re.compile(r"^(\d+)\.(\d+)\.([A-Za-z0-9_-]+)\.[0-9a-f]+\.[a-z]+$")
 _token_cache: dict[int, str] = {}
+log = logging.getLogger("casstore.fs")
 
 
 def _start_time(pid: int, *, live_only: bool = False) -> Optional[int]:
@@ -646,6 +651,62 @@ def path_exists(p: os.PathLike[str] | str) -> bool:
         return False
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_store_dir(path: Path, *, create: bool = True) -> int:
+    """A descriptor of the store's directory ``path``, opened ``O_DIRECTORY | O_NOFOLLOW`` (created
+    first, with missing parents, if ``create`` and it is missing); close it when done.
+
+    :class:`StoreFormatError` if ``path`` is a symbolic link or not a directory; ``FileNotFoundError``
+    if it is missing and not ``create``.  For moves into a directory by descriptor
+    (:func:`move_into`): hazard (found by a bug hunt), ``verify --repair`` moved corrupt objects and
+    stray files to ``bad/<name>`` by path, so a ``bad/`` swapped for a link after the store was
+    opened (its open-time check, :func:`refuse_planted_links`) received them outside the store.
+    """
+    try:
+        try:
+            return os.open(path, _DIR_FLAGS)
+        except FileNotFoundError:
+            if not create:
+                raise
+            makedirs(path)
+            return os.open(path, _DIR_FLAGS)
+    except OSError as e:
+        if isinstance(e, FileNotFoundError) and not os.path.lexists(path):
+            raise
+        if os.path.islink(path):
+            raise _planted(path) from None
+        if e.errno == errno.ENOTDIR:
+            raise StoreFormatError(f"{path} is not a directory (a file planted in its place?): remove it "
+                                   "(casstore creates the directory again), then run again") from None
+        raise
+
+
+def move_into(src_dir_fd: int, src_name: str, dst_dir_fd: int, name: str) -> Optional[str]:
+    """Move the entry ``src_name`` of the directory ``src_dir_fd`` into the directory ``dst_dir_fd`` as
+    ``name`` (``name.1``, ``name.2``... if taken: an entry there is never replaced); returns the name
+    used, or ``None`` if the entry is gone.
+
+    Both sides are directory descriptors (:func:`open_store_dir`) and ``rename`` never follows its last
+    components, so neither a link swapped in for either directory nor one at the entry is followed.
+    """
+    dest = name
+    i = 1
+    while True:
+        try:
+            os.stat(dest, dir_fd=dst_dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            break
+        dest = f"{name}.{i}"
+        i += 1
+    try:
+        os.rename(src_name, dest, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+    except FileNotFoundError:
+        return None
+    return dest
+
+
 def refuse_planted_links(root: Path, fixed: Tuple[str, ...]) -> None:
     """:class:`StoreFormatError` if any directory ``fixed`` (relative to ``root``: ``_layout.FIXED_DIRS``)
     of the store at ``root`` is a symbolic link.
@@ -869,19 +930,59 @@ def stale_entries(tmpdir: Path, *, max_age: float = STALE_AGE, now: Optional[flo
 def sweep_stale(tmpdir: Path, *, max_age: float = STALE_AGE, now: Optional[float] = None) -> List[Path]:
     """Remove the :func:`stale_entries` of ``tmpdir``; a live writer's file is never removed.
 
-    Returns what was removed.
+    Returns what was really removed.  An entry that cannot be removed (EPERM, EACCES, EBUSY: another
+    user's file in a sticky ``tmp/``, an immutable file, a directory with such a file in it) is left
+    in place with a warning naming it and the reason, and the sweep goes on: a sweep is housekeeping,
+    never a reason for the operation around it (open, gc, verify --repair) to fail.  On a read-only
+    filesystem nothing is removed and nothing is said (reading needs no sweep).
     """
     removed: List[Path] = []
-    for path in stale_entries(tmpdir, max_age=max_age, now=now):
+    try:
+        entries = stale_entries(tmpdir, max_age=max_age, now=now)
+    except OSError as e:  # tmp/ unreadable: nothing to sweep here
+        if e.errno != errno.EROFS:
+            _warn_unswept(tmpdir, e, listing=True)
+        return removed
+    for path in entries:
+        # Hazard (found by a bug hunt): only ENOENT was tolerated, so one stale staging file that
+        # could not be unlinked made `gc --yes` exit 1 "failed unexpectedly" after deleting the garbage
+        # (skipping what follows), and `verify --repair` too; and a stale directory that rmtree could
+        # not remove (ignore_errors=True) was reported as removed.
         try:
             if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
+                shutil.rmtree(path)
             else:
                 os.unlink(path)
-            removed.append(path)
         except FileNotFoundError:  # raced with another sweeper
             continue
+        except OSError as e:
+            if not os.path.lexists(path):
+                continue  # another sweeper removed what was left
+            if e.errno == errno.EROFS:
+                return removed  # a read-only mount: nothing here can be removed
+            _warn_unswept(path, e)
+            continue
+        removed.append(path)
     return removed
+
+
+_unswept: set[Tuple[str, int]] = set()  # (path, errno) already warned about in this process
+
+
+def _warn_unswept(path: Path, e: OSError, *, listing: bool = False) -> None:
+    key = (str(path), e.errno or 0)
+    if key in _unswept:  # every store open sweeps: say it once per process, not on every open
+        return
+    _unswept.add(key)
+    if listing:
+        log.warning("casstore: could not list %s to remove stale staging files: %s; nothing was swept",
+                    path, e.strerror or e)
+        return
+    where = getattr(e, "filename", None)
+    inner = f" (at {where})" if where and os.fspath(where) != str(path) else ""
+    log.warning("casstore: could not remove the stale staging entry %s: %s%s; it is left in place -- "
+                "remove it as its owner (or an administrator: `lsattr` shows an immutable file)",
+                path, e.strerror or e, inner)
 
 
 def seek_target(offset: int, whence: int, pos: int, size: int) -> int:

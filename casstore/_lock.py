@@ -17,6 +17,13 @@ Hazards these locks are built around:
   are never deleted (deleting one lets two processes lock different inodes).
 * Locks only serialize updates and avoid duplicate work; correctness of
   objects never depends on them (NFS/Lustre locks can silently succeed).
+* A shared store's ``locks/`` is group-writable, so anything may be planted at
+  a lock file's name.  Hazard (found by a bug hunt): a symlink at
+  ``locks/gc.gate`` made every member's commit create its target outside the
+  store, or chmod the member's own file there to 0664.  A lock file is opened
+  with ``O_NOFOLLOW | O_NONBLOCK`` and must ``fstat`` as a regular file; a
+  link, directory, FIFO or socket there is a :class:`StoreFormatError` naming
+  it and saying to remove it (never followed, never waited on, never chmod-ed).
 
 Heartbeats (issue 13): a holder doing long work (a fetch, a derive ``fn``)
 takes the lock with ``heartbeat=`` seconds.  It writes a record into the lock
@@ -121,6 +128,7 @@ import json
 import logging
 import os
 import random
+import stat
 import threading
 import time
 import weakref
@@ -131,7 +139,7 @@ from typing import Dict, List, Optional, Set, Tuple, Type
 
 from ._fsprobe import LOCK_UNSUPPORTED, ofd_lock, ofd_unlock, probe
 from ._shared import makedirs, share_new_file
-from .errors import LockTimeout, ReadOnlyError
+from .errors import LockTimeout, ReadOnlyError, StoreFormatError
 
 __all__ = ["FileLock", "DEFAULT_TIMEOUT", "BEAT_EVERY", "CHECK_EVERY", "Holder", "read_holder", "LEASE_EXPIRY",
            "LockStrategy", "FlockStrategy", "PosixStrategy", "LeaseStrategy", "STRATEGIES", "configure",
@@ -697,6 +705,54 @@ class LeaseStrategy(LockStrategy):
             os.close(fd)
 
 
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+"""How a lock file is opened (or created): never through a link at its name, never waiting on a FIFO."""
+
+# What opening something planted at a lock file's name gives: a symbolic link (ELOOP, O_NOFOLLOW), a
+# directory (EISDIR, O_RDWR), a socket (ENXIO).  (A FIFO opens at once, O_NONBLOCK: its fstat refuses it.)
+_PLANTED_ERRNOS = (errno.ELOOP, errno.EISDIR, errno.ENXIO)
+
+
+def _kind(path: Path) -> str:
+    """What is at ``path`` (not followed), for an error message."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "not a regular file"
+    for test, kind in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def _not_a_lock_file(path: Path) -> StoreFormatError:
+    """The typed error for something other than a regular file planted at the lock file ``path``."""
+    kind = _kind(path)
+    how = "rmdir" if kind == "a directory" else "rm"
+    return StoreFormatError(
+        f"lock file {path} is {kind}, not a regular file: casstore never locks through a link or anything "
+        "else planted in a lock's place (in a shared store, another member can plant one there to make "
+        f"your process create or chmod a file outside the store); remove it (`{how} {path}`) and run again "
+        "-- casstore creates a fresh lock file"
+    )
+
+
+def _checked_lock(fd: int, path: Path) -> os.stat_result:
+    """``fstat`` of the just-opened lock file ``fd``, in blocking mode again; closes ``fd`` and raises
+    :class:`StoreFormatError` unless it is a regular file (a FIFO, device or socket planted there)."""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_a_lock_file(path)
+        os.set_blocking(fd, True)  # O_NONBLOCK was for the open only (a FIFO); the descriptor stays as before
+    except BaseException:
+        os.close(fd)
+        raise
+    return st
+
+
 _QUICK_RELEASE = min(LEASE_EXPIRY, _NO_RECORD_EXPIRY) / 2
 """A non-beating lease younger than this (on both clocks) is released without an end claim: half the
 shortest expiry any waiter applies (2 s, for a lease whose record it could not read)."""
@@ -1141,25 +1197,42 @@ class FileLock:
         return self._strategy.name if self._strategy is not None else ""
 
     def _open(self) -> int:
+        # Hazard (found by a bug hunt): locks/ of a shared store is group-writable, and a member planted
+        # a link at locks/gc.gate: every other member's commit or gc opened its target with O_CREAT (a
+        # file created outside the store) and share_new_file chmod-ed the victim's own file there (e.g.
+        # ~/.ssh/authorized_keys) to 0664; a directory there failed every commit with a raw
+        # IsADirectoryError, a FIFO could block the open.  So: never follow (O_NOFOLLOW), never wait
+        # (O_NONBLOCK), and only a regular file is a lock file (_checked_lock).
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, self.mode)
-        except FileNotFoundError:
-            makedirs(self.path.parent)  # new dirs copy a shared (setgid) parent's mode
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, self.mode)
+            try:
+                fd = os.open(self.path, _LOCK_FLAGS, self.mode)
+            except FileNotFoundError:
+                makedirs(self.path.parent)  # new dirs copy a shared (setgid) parent's mode
+                fd = os.open(self.path, _LOCK_FLAGS, self.mode)
         except OSError as e:
+            if e.errno in _PLANTED_ERRNOS:
+                raise _not_a_lock_file(self.path) from None
             # EACCES/EPERM (another user's store) or EROFS (a read-only mount).
             if not isinstance(e, PermissionError) and e.errno != errno.EROFS:
                 raise
             if self.shared:
                 # Readers of a read-only store may still take shared locks.
                 try:
-                    return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                    rfd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
                 except FileNotFoundError:
                     pass
+                except OSError as e2:
+                    if e2.errno in _PLANTED_ERRNOS:
+                        raise _not_a_lock_file(self.path) from None
+                    raise
+                else:
+                    _checked_lock(rfd, self.path)
+                    return rfd
             raise ReadOnlyError(
                 f"cannot open lock file {self.path}: {e.strerror}; the store is read-only for this process"
             ) from None
-        share_new_file(fd, self.path.parent)  # group-writable in a shared store, whatever the umask
+        st = _checked_lock(fd, self.path)
+        share_new_file(fd, self.path.parent, st=st)  # group-writable in a shared store, whatever the umask
         return fd
 
     def acquire(self) -> FileLock:

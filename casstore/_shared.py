@@ -20,12 +20,14 @@ group-writable.  In a private store nothing changes.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from ._layout import BAD, LOCKS, OBJECTS, REFS, SUBDIRS, TMP
+from .errors import StoreFormatError
 
 __all__ = ["DIR_MODE", "LOCK_MODE", "share_layout", "makedirs", "share_new_file", "is_shared_dir", "STATE"]
 
@@ -81,11 +83,24 @@ def share_layout(root: Path) -> None:
         fan.mkdir(exist_ok=True)
         _chmod_dir(fan, gid)
     for name in ("gc.lock", "gc.gate"):
-        fd = os.open(root / LOCKS / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, LOCK_MODE)
+        # Never through a link or into a FIFO planted before init (the root may have been group-writable
+        # already): the same hazard as FileLock's (_lock.py), refused the same way.
+        p = root / LOCKS / name
         try:
+            fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, LOCK_MODE)
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise
+            fd = -1
+        try:
+            if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StoreFormatError(f"lock file {p} is not a regular file (a link, directory or FIFO planted "
+                                       f"there): remove it (`rm {p}`, or `rmdir` for a directory) and run "
+                                       "`casstore init --shared` again")
             os.fchmod(fd, LOCK_MODE)
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
     os.chmod(root / TMP, DIR_MODE)
 
 
@@ -99,14 +114,23 @@ def makedirs(path: Path) -> None:
     _mk(path)
 
 
-def share_new_file(fd: int, directory: Path | str, mode: int = LOCK_MODE) -> None:
+def share_new_file(fd: int, directory: Path | str, mode: int = LOCK_MODE, *,
+                   st: Optional[os.stat_result] = None) -> None:
     """Give a file we own in a shared (setgid) directory group read/write, whatever the umask.
 
-    Cheap when nothing is to be done: one ``fstat`` (plus one cached ``stat`` of
-    the directory the first time).
+    Cheap when nothing is to be done: one ``fstat`` (none if the caller passes ``st``, the
+    ``fstat`` of ``fd`` it just made; plus one cached ``stat`` of the directory the first time).
+    Only a regular file with no other name is changed.
     """
-    st = os.fstat(fd)
+    if st is None:
+        st = os.fstat(fd)
     if st.st_mode & 0o060 == 0o060 or st.st_uid != os.geteuid():
+        return
+    # Hazard (found by a bug hunt): a link planted at a lock file's name got the victim's own file
+    # (~/.ssh/authorized_keys) chmod-ed to 0664 here.  Callers open with O_NOFOLLOW now; a hard link
+    # (another name of the same file, possibly outside the store) or anything but a regular file is
+    # never chmod-ed either.
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
         return
     if is_shared_dir(directory):
         try:

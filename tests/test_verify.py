@@ -335,3 +335,50 @@ def test_wrong_types_and_values_are_typed_errors(populated: casstore.Store) -> N
     with pytest.raises(InvalidInputError, match="recheck_after"):
         populated.verify(incremental=True, recheck_after="soon")
     assert not (populated.root / "state" / "verify.msgpack").exists()  # refused before doing anything
+
+
+# -- a hostile state/verify.msgpack (found by a bug hunt) --------------------------------------------
+# It was read with Path.read_bytes(): a FIFO planted there (state/ is group-writable in a shared store)
+# hung every full verify forever, and a link to /dev/zero exhausted memory.  Anything but a regular file
+# of bounded size is now an empty record (everything re-hashed) with a warning, never an error.
+
+
+def test_a_fifo_at_the_verify_record_never_hangs_verify(populated: casstore.Store) -> None:
+    record = populated.root / "state" / "verify.msgpack"
+    record.parent.mkdir(exist_ok=True)
+    record.unlink(missing_ok=True)
+    os.mkfifo(record)
+    code = ("import casstore, sys\nrep = casstore.open(sys.argv[1]).verify(incremental=True)\n"
+            "print(rep.ok, rep.skipped, rep.checked)")
+    got = subprocess.run([sys.executable, "-c", code, str(populated.root)], capture_output=True, text=True,
+                         timeout=30)  # hung forever
+    assert got.returncode == 0, got.stderr
+    ok, skipped, checked = got.stdout.split()
+    assert ok == "True" and skipped == "0" and int(checked) > 0
+    assert f"ignoring {record}" in got.stderr and "hashed again" in got.stderr
+    assert record.is_file()  # replaced by a real record
+
+
+def test_a_linked_or_oversized_verify_record_is_ignored(populated: casstore.Store, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    import importlib
+
+    vmod = importlib.import_module("casstore.maintenance.verify")
+    n = populated.verify().checked
+    record = populated.root / "state" / "verify.msgpack"
+    elsewhere = tmp_path / "record"
+    elsewhere.write_bytes(record.read_bytes())  # a record that would vouch for every file
+    record.unlink()
+    record.symlink_to(elsewhere)  # (to /dev/zero it exhausted memory)
+    with caplog.at_level("WARNING", logger="casstore.verify"):
+        rep = populated.verify(incremental=True)
+    assert rep.skipped == 0 and rep.checked == n and rep.ok  # the link was followed: all skipped
+    assert f"ignoring {record}" in caplog.text
+    assert record.is_file() and not record.is_symlink()
+    assert populated.verify(incremental=True).skipped == n  # a regular record of ours is used
+    monkeypatch.setattr(vmod, "STATE_MAX_BYTES", 16)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="casstore.verify"):
+        rep = populated.verify(incremental=True)
+    assert rep.skipped == 0 and rep.checked == n and "larger than 16 bytes" in caplog.text

@@ -24,7 +24,10 @@ a few bytes per object.  Full verification hashes every object on a pool of
 threads (:func:`casstore.digest.hash_fd` for files stored byte for byte, the
 codec's bounded decoder otherwise) and records what it verified and when in
 ``state/verify.msgpack``; ``incremental=True`` then skips files unchanged
-since a verification younger than ``recheck_after``.
+since a verification younger than ``recheck_after``.  That record is hostile
+input too (``state/`` is group-writable in a shared store): it is read only as
+a regular file of at most :data:`STATE_MAX_BYTES`, anything else means an empty
+record (everything re-hashed) and a warning.
 
 Hazards (issue 11): every object file is opened with
 :func:`casstore.objects.reader.open_object_file` (``O_NOFOLLOW | O_NONBLOCK``,
@@ -34,8 +37,10 @@ records, so a decompression bomb costs at most that much output (it is
 reported corrupt, never inflated).
 
 ``repair=True`` moves corrupt object files and stray entries to ``bad/``
-(never deletes them; moved relative to directory descriptors, never through a
-link: :mod:`casstore.maintenance.files`), removes stale staging files, and
+(never deletes them; moved relative to directory descriptors of their
+directory and of ``bad/``, never through a link: :mod:`casstore.maintenance.files`,
+:func:`casstore._fs.move_into`), removes stale staging files (one it cannot
+remove is left, with a warning), and
 reports in ``lost`` every digest a pin or head needs that now has no good
 copy, naming who needs it: put the original data again (a re-put writes a
 fresh copy, because the damaged one is no longer in ``objects/``).
@@ -43,6 +48,7 @@ fresh copy, because the damaged one is no longer in ``objects/``).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -53,7 +59,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional
 
 import msgpack
 
-from .._fs import makedirs, stale_entries, sweep_stale, write_file_atomic
+from .._fs import makedirs, move_into, open_store_dir, read_small_file, stale_entries, sweep_stale, write_file_atomic
 from .._layout import BAD, OBJECTS
 from .._progress import Progress, human_bytes
 from .._shared import STATE
@@ -76,7 +82,9 @@ from .files import ObjectDirs
 if TYPE_CHECKING:
     from ..store import Store
 
-__all__ = ["VerifyReport", "verify", "STATE_FILE"]
+__all__ = ["VerifyReport", "verify", "STATE_FILE", "STATE_MAX_BYTES"]
+
+log = logging.getLogger("casstore.verify")
 
 STATE_FILE = "verify.msgpack"
 """The incremental record, under ``<root>/state``."""
@@ -296,12 +304,28 @@ def _state_key(f: ObjFile) -> str:
     return f.hex + f.codec.suffix
 
 
+STATE_MAX_BYTES = 1 << 28
+"""The largest ``state/verify.msgpack`` read (256 MiB: a record for a million objects takes ~100 MiB);
+a larger one is ignored (everything is re-hashed) and replaced."""
+
+
 def _load_state(path: Path) -> Dict[str, StateRecord]:
+    # Hazard (found by a bug hunt): the record was read with Path.read_bytes(), so a FIFO planted at
+    # state/verify.msgpack (state/ is group-writable in a shared store) hung every full verify forever,
+    # and a link to /dev/zero exhausted memory.  read_small_file never follows a link, never waits on
+    # a FIFO or device, reads regular files of at most STATE_MAX_BYTES only.
+    if not os.path.lexists(path):
+        return {}  # the first full verify: nothing to say
+    raw = read_small_file(path, STATE_MAX_BYTES)
+    if raw is None:
+        log.warning("ignoring %s (not a regular file, larger than %d bytes, or unreadable): every object is "
+                    "hashed again and the record replaced", path, STATE_MAX_BYTES)
+        return {}
     try:
-        doc = msgpack.unpackb(path.read_bytes(), raw=False)
+        doc = msgpack.unpackb(raw, raw=False)
         files = doc.get("files") if isinstance(doc, dict) and doc.get("v") == 1 else None
         return files if isinstance(files, dict) else {}
-    except (OSError, ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData):
+    except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData, RecursionError):
         return {}  # a lost or damaged record only means re-hashing
 
 
@@ -326,23 +350,17 @@ def _fresh_enough(rec: object, f: ObjFile, now: float, recheck: float) -> bool:
 # -- repair helpers -----------------------------------------------------------------------------
 
 
-def _quarantine(root: Path, dirs: ObjectDirs, src: Path, name: str) -> Optional[Path]:
-    """Move ``src`` (under ``objects/``) to ``bad/<name>``; ``None`` if it is gone or its directory became a link."""
+def _quarantine(bad: Path, bad_fd: int, dirs: ObjectDirs, src: Path, name: str) -> Optional[Path]:
+    """Move ``src`` (under ``objects/``) to ``bad/<name>`` (``bad_fd``: ``bad/`` opened by
+    :func:`open_store_dir`); ``None`` if it is gone or its directory became a link."""
     dir_fd, entry = dirs.locate(src)
     if dir_fd is None:
         return None
-    bad = root / BAD
-    makedirs(bad)
-    dest = bad / name
-    i = 1
-    while os.path.lexists(dest):
-        dest = bad / f"{name}.{i}"
-        i += 1
-    try:
-        os.rename(entry, dest, src_dir_fd=dir_fd)  # the entry itself, never what a link points to
-    except FileNotFoundError:
-        return None
-    return dest
+    # Both sides by descriptor: the entry itself, never what a link points to, and never into a bad/
+    # swapped for a link since the store was opened (found by a bug hunt: corrupt objects and planted
+    # stray files were moved by path into bad/ -> /etc/cron.d).
+    moved = move_into(dir_fd, entry, bad_fd, name)
+    return None if moved is None else bad / moved
 
 
 def _present_now(objects: LocalObjects, h: str) -> bool:
@@ -505,18 +523,25 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
     removed: List[Path] = []
     if repair:
         objdir = root / OBJECTS
-        with ObjectDirs(objdir) as dirs:
-            for f in corrupt_files:
-                fan, fname = os.path.basename(os.path.dirname(f.path)), os.path.basename(f.path)
-                moved = _quarantine(root, dirs, Path(f.path), fan + fname)
-                if moved is not None:
-                    quarantined.append(moved)
-                    new_state.pop(_state_key(f), None)
-            for p in strays:
-                rel = p.relative_to(objdir)
-                moved = _quarantine(root, dirs, p, "stray-" + str(rel).replace(os.sep, "_"))
-                if moved is not None:
-                    quarantined.append(moved)
+        bad = root / BAD
+        # (StoreFormatError if bad/ is a link or not a directory: nothing is moved, the error says what to do.)
+        bad_fd = open_store_dir(bad) if corrupt_files or strays else -1
+        try:
+            with ObjectDirs(objdir) as dirs:
+                for f in corrupt_files:
+                    fan, fname = os.path.basename(os.path.dirname(f.path)), os.path.basename(f.path)
+                    moved = _quarantine(bad, bad_fd, dirs, Path(f.path), fan + fname)
+                    if moved is not None:
+                        quarantined.append(moved)
+                        new_state.pop(_state_key(f), None)
+                for p in strays:
+                    rel = p.relative_to(objdir)
+                    moved = _quarantine(bad, bad_fd, dirs, p, "stray-" + str(rel).replace(os.sep, "_"))
+                    if moved is not None:
+                        quarantined.append(moved)
+        finally:
+            if bad_fd >= 0:
+                os.close(bad_fd)
         if stale:
             removed = sweep_stale(objects.tmp)
 

@@ -59,6 +59,8 @@ from .._fs import (
     fresh_bytes,
     fsync_dir,
     makedirs,
+    move_into,
+    open_store_dir,
     pwrite_all,
     read_up_to,
     read_whole_reused,
@@ -1163,15 +1165,29 @@ class LocalObjects(ObjectStore):
         loc = self._find(d)
         if loc is None:
             return
-        dest = self.root / BAD / f"{os.path.basename(loc.path)}.{time.time_ns()}"
-        makedirs(dest.parent)
+        bad = self.root / BAD
+        # Hazard (found by a bug hunt, as verify --repair's quarantine): a move by path followed a bad/
+        # (or objects/<fan>) swapped for a link since the store was opened, out of the store.  Both
+        # directories are opened O_NOFOLLOW (StoreFormatError for a link) and the rename is relative to them.
+        src_fd = bad_fd = -1
         try:
-            os.rename(loc.path, dest)
-        except FileNotFoundError:
-            return  # another reader moved it first
+            try:
+                src_fd = open_store_dir(Path(os.path.dirname(loc.path)), create=False)
+            except FileNotFoundError:
+                return  # removed since it was found
+            bad_fd = open_store_dir(bad)
+            name = move_into(src_fd, os.path.basename(loc.path), bad_fd,
+                             f"{os.path.basename(loc.path)}.{time.time_ns()}")
         except OSError as e:
             raise ReadOnlyError(f"object {d} is damaged ({why}) and cannot be set aside to fetch a good copy: "
                                 f"{e.strerror}") from None
+        finally:
+            for fd in (src_fd, bad_fd):
+                if fd >= 0:
+                    os.close(fd)
+        if name is None:
+            return  # another reader moved it first
+        dest = bad / name
         log.warning("object %s in %s was damaged (%s); moved to %s, fetching it again from %s",
                     d, self.root, why, dest, self.upstream.describe() if self.upstream is not None else "?")
 
