@@ -499,3 +499,21 @@ def test_an_output_directory_removed_by_fn_is_not_an_empty_result(store: casstor
     with pytest.raises(casstore.InvalidInputError, match="replaced or removed .*gone"):
         store.derive("rm", inputs={}, fn=remove)
     assert store.refs.get("heads", "rm") is None  # never cached as a hit with no outputs
+
+
+def test_an_output_hard_linked_to_a_file_outside_the_store_is_copied(store: casstore.Store, tmp_path: Path) -> None:
+    """Found by a bug hunt: `os.link(own_file, out / "data.bin")` in fn made the user's own file the object
+    (mode 0444, two links); the user's later edit of it corrupted the recorded result."""
+    own = tmp_path / "mine.bin"
+    own.write_bytes(b"the user's own file")
+    os.chmod(own, 0o644)
+
+    def fn(inputs: Dict[str, Path], out: Path) -> None:
+        os.link(own, out / "data.bin")
+
+    res = store.derive("passthru", inputs={}, fn=fn)
+    d = res["data.bin"].digest
+    assert os.stat(own).st_mode & 0o777 == 0o644 and os.stat(own).st_nlink == 1  # not taken over
+    own.write_bytes(b"edited by its owner")  # legitimate: it is the user's file
+    assert store.get(d) == b"the user's own file"
+    assert store.verify().ok

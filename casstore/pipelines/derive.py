@@ -621,7 +621,10 @@ def _collect(store: Store, name: str, out_dir: Path, compress: CompressArg) -> D
                     "write real files under the output directory"
                 )
             key = validate_key(rel, "output path")
-            if raw:
+            # Hazard (found by a bug hunt): an output hard-linked to a file outside the store (`os.link`
+            # as a no-copy pass-through) was adopted: the user's own file became the object (mode 0444),
+            # and a later edit of it corrupted the recorded result.  A file with another name is copied.
+            if raw and st.st_nlink == 1:
                 # Moved, not copied: the work directory is in the store's tmp/, so a rename (one hash,
                 # one fsync) makes the object.  fn is done with the file (it returned).
                 d = store.objects.adopt(p)
