@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -27,6 +29,7 @@ from ..errors import (
     ObjectNotFoundError,
 )
 from ..manifests import Manifest, MetaDiff, is_internal
+from ..manifests.checkout import log as checkout_log
 from ..manifests.ops import same_meta
 from ..manifests.provenance import INPUTS_KEY
 from ..store import Store
@@ -289,6 +292,28 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 0
 
 
+# Checkout's messages name Python keywords; a CLI user needs the flags (found by a bug hunt: "pass
+# overwrite=True", "Use link='copy' ... link='hardlink'", "pass force=True / --force").  One rewording,
+# for its errors and its warnings alike.
+_CHECKOUT_FLAGS = ((re.compile(r"\boverwrite=True\b"), "--overwrite"), (re.compile(r"\bforce=True\b"), "--force"),
+                   (re.compile(r"\bsync=True\b"), "--sync"), (re.compile(r"\blink='([a-z]+)'"), r"--link \1"))
+
+
+def _checkout_words(text: str) -> str:
+    """A checkout message in CLI words: ``overwrite=True`` -> ``--overwrite``, ``link='copy'`` -> ``--link copy``."""
+    for pattern, flag in _CHECKOUT_FLAGS:
+        text = pattern.sub(flag, text)
+    return text
+
+
+class _CheckoutWords(logging.Filter):
+    """Rewords a checkout warning's hints as flags (:func:`_checkout_words`) while the command runs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = _checkout_words(record.getMessage()), None
+        return True
+
+
 def cmd_checkout(args: argparse.Namespace) -> int:
     """``casstore checkout TARGET DIR [--sync [--force]] [--link MODE] [--overwrite]``."""
     if args.force and not args.sync:
@@ -296,12 +321,15 @@ def cmd_checkout(args: argparse.Namespace) -> int:
                                 "since casstore wrote them); use --overwrite to replace other files")
     store = open_from_args(args)
     # A bar by bytes on a terminal's stderr only (None); --json asks for a quiet, script-driven run.
+    words = _CheckoutWords()
+    checkout_log.addFilter(words)
     try:
         written = store.checkout(args.target, args.dir, overwrite=args.overwrite, sync=args.sync, link=args.link,
                                  force=args.force, progress=None if not args.json else False)
-    except InvalidInputError as e:  # hints in CLI words (found by a bug hunt: "pass overwrite=True")
-        raise InvalidInputError(str(e).replace("overwrite=True", "--overwrite").replace("force=True", "--force")) \
-            from None
+    except InvalidInputError as e:  # hints in CLI words
+        raise InvalidInputError(_checkout_words(str(e))) from None
+    finally:
+        checkout_log.removeFilter(words)
     if args.json:
         print(json.dumps({"target": args.target, "dir": args.dir, "written": [str(p) for p in written],
                           "removed": list(written.removed), "kept": list(written.kept)}, indent=2))

@@ -13,7 +13,16 @@ Hazards (issue 11, "nothing is written outside the target", "never hang, never f
   special file where a directory must be, or a link or special file at a
   key, is refused with :class:`~casstore.errors.InvalidInputError`;
   ``overwrite=True`` replaces it -- the link itself, inside the target,
-  never what it points to.  Directories are never deleted.
+  never what it points to.  Directories are never deleted (but by ``sync``,
+  below: empty ones, and ones holding only what it wrote).
+* The store itself is never written into (found by a bug hunt: a manifest's
+  keys ``.casstore/refs/pins/x``, ``.casstore/objects/ab/...`` checked out
+  into a project holding its store planted a pin and a fake object; a
+  checkout into the store replaced ``store.toml``).  A target that is the
+  store or lies inside it is refused (:func:`_refuse_store_target`), and the
+  walk refuses a key whose path passes through or is the store (device and
+  inode of every directory it opens), both before anything is written;
+  ``sync`` never removes anything inside it.
 * A FIFO or device at a key's place is never opened (``lstat`` first, and
   ``O_NONBLOCK`` on every open): a checkout never hangs.
 * Keys were validated by THE decoder (no ``..``, absolute, empty, ``.`` or
@@ -41,7 +50,10 @@ Hazards (issue 11, "nothing is written outside the target", "never hang, never f
   warned); it keeps every file casstore wrote that is still as it left it, also
   after a failure midway and for files sync kept (changed), so a retry or
   ``force`` finds them; removal walks with ``O_NOFOLLOW`` per segment and runs
-  only after every new file is in place.  ``link``: copy | reflink (clone or
+  only after every new file is in place -- but for a key that switched between
+  file and directory (:class:`_KindSwitch`), whose recorded file or directory
+  (holding only what casstore wrote) goes just before its replacement is
+  written.  ``link``: copy | reflink (clone or
   error) | hardlink (a copy where the object has the most links the filesystem
   allows) | symlink to the verified raw object.  See docs/manifests.md,
   "Checkout: sync and link modes".
@@ -101,6 +113,7 @@ if TYPE_CHECKING:
 __all__ = ["LINK_MODES", "RECORD_DIR", "CheckedOut", "checkout"]
 
 log = logging.getLogger(__name__)
+"""Checkout's warnings (``casstore.manifests.checkout``); the CLI rewords their hints as flags."""
 
 LINK_MODES = ("copy", "reflink", "hardlink", "symlink")
 """How ``checkout(link=...)`` materializes a file (see docs/manifests.md, "Checkout: sync and link modes")."""
@@ -166,17 +179,26 @@ class _Walker:
     Keys come sorted, so the keys under one directory are contiguous and the
     stack of open fds is at most one key deep.  ``create``: make missing
     directories (the write pass); otherwise report them missing (the check pass).
+    ``switch`` (sync only): a file an earlier checkout of the name wrote where this version needs a
+    directory is replaced without ``overwrite`` (:class:`_KindSwitch`); ``store_id``: the store's
+    (device, inode), never entered (:func:`_in_store`).
     """
 
-    def __init__(self, root_fd: int, out: Path, *, overwrite: bool, create: bool) -> None:
+    def __init__(self, root_fd: int, out: Path, *, overwrite: bool, create: bool,
+                 switch: Optional[_KindSwitch] = None, store: Optional[Store] = None,
+                 store_id: Optional[Tuple[int, int]] = None) -> None:
         self.root_fd = root_fd
         self.out = out
         self.overwrite = overwrite
         self.create = create
+        self.switch = switch
+        self.store = store
+        self.store_id = store_id
         self.stack: List[Tuple[str, int]] = []
         self.created: List[str] = []  # directories this walk made ("a/b"), for the checkout record
+        self.replaced: List[str] = []  # files (or links) this walk removed to make a directory there
 
-    def parent(self, parts: Sequence[str]) -> Optional[int]:
+    def parent(self, parts: Sequence[str], key: str = "") -> Optional[int]:
         """The fd of directory ``parts`` (key segments without the leaf), or None if it does not exist yet."""
         i = 0
         while i < len(self.stack) and i < len(parts) and self.stack[i][0] == parts[i]:
@@ -188,6 +210,11 @@ class _Walker:
             child = self._open_dir(fd, parts[j], parts[: j + 1])
             if child is None:
                 return None
+            if self.store_id is not None and self.store is not None:
+                st = os.fstat(child)
+                if (st.st_dev, st.st_ino) == self.store_id:
+                    os.close(child)
+                    raise _in_store(self.store, key, self.out.joinpath(*parts[: j + 1]), checked=not self.create)
             self.stack.append((parts[j], child))
             fd = child
         return fd
@@ -202,14 +229,19 @@ class _Walker:
             if e.errno not in (errno.ELOOP, errno.ENOTDIR):
                 raise
             path = self.out.joinpath(*rel)
+            rel_s = "/".join(rel)
             if not self.overwrite:
-                raise InvalidInputError(
-                    f"{path} is {_describe(fd, seg)} where the manifest needs a directory; checkout never "
-                    f"writes through it. Remove it, or pass overwrite=True to replace it (inside {self.out} only)"
-                ) from None
+                why = self._no_switch(fd, seg, rel_s)
+                if why is not None:
+                    raise InvalidInputError(
+                        f"{path} is {_describe(fd, seg)} where the manifest needs a directory{why}; checkout "
+                        f"never writes through it. Remove it, or pass overwrite=True to replace it (inside "
+                        f"{self.out} only)"
+                    ) from None
             if not self.create:
                 return None  # replaced in the write pass
             os.unlink(seg, dir_fd=fd)  # the link (or file) itself, never what it points to
+            self.replaced.append(rel_s)
         try:
             os.mkdir(seg, 0o777, dir_fd=fd)
             self.created.append("/".join(rel))
@@ -218,6 +250,20 @@ class _Walker:
         except OSError as e:
             raise _target_error(e, str(self.out.joinpath(*rel)), "create directory") from None
         return os.open(seg, _DIR, dir_fd=fd)
+
+    def _no_switch(self, fd: int, seg: str, rel: str) -> Optional[str]:
+        """None if sync may replace the file at ``rel`` by a directory (decided once, by the check pass);
+        else what to add to the error (may be "")."""
+        if self.switch is None:
+            return ""
+        if rel in self.switch.files_ok:
+            return None
+        if self.create:
+            return ""  # not there when the check pass looked: appeared meanwhile
+        why = self.switch.replaceable(fd, seg, rel)
+        if why is None:
+            self.switch.files_ok.add(rel)
+        return why
 
     def close(self) -> None:
         while self.stack:
@@ -300,7 +346,7 @@ def _fill(store: Store, e: Entry, fd: int, dest: str, *, strict_reflink: bool) -
                     raise InvalidInputError(
                         f"cannot reflink {dest}: the filesystem does not support cloning from the store at "
                         f"{store.root} (FICLONE refused; btrfs and XFS on one filesystem can). Use link='copy' "
-                        "(reflinks where it can, copies otherwise) or link='hardlink'/'symlink'"
+                        "(reflinks where it can, copies otherwise), link='hardlink' or link='symlink'"
                     )
                 try:
                     copy_exact(src, fd, size)
@@ -367,7 +413,7 @@ def _link_object(store: Store, e: Entry, pfd: int, tmp: str, dest: str, link: st
             if err.errno in (errno.EXDEV, errno.EPERM, errno.EOPNOTSUPP):
                 raise InvalidInputError(
                     f"cannot hardlink {dest} to object {e.digest} ({err.strerror}; the store at {store.root} and "
-                    "the folder must be on one filesystem that allows links). Use link='symlink' or 'copy'"
+                    "the folder must be on one filesystem that allows links). Use link='symlink' or link='copy'"
                 ) from None
             raise _target_error(err, dest) from None
         if not _PROC_FD:
@@ -532,8 +578,15 @@ def _ours(store: Store, pfd: int, leaf: str, st: os.stat_result, rec: RecEntry, 
     return (d, now, how | _SETTLED) if settled(st, floor) else (d, now, how)
 
 
-def _open_parent(root_fd: int, parts: Sequence[str]) -> Optional[int]:
-    """fd of directory ``parts`` under ``root_fd``, never following a link; None if it is not a directory."""
+class _InStore(Exception):
+    """A path :func:`_open_parent` was to open passes through the store (its ``avoid``)."""
+
+
+def _open_parent(root_fd: int, parts: Sequence[str], avoid: Optional[Tuple[int, int]] = None) -> Optional[int]:
+    """fd of directory ``parts`` under ``root_fd``, never following a link; None if it is not a directory.
+
+    ``avoid``: the store's (device, inode): :class:`_InStore` if the path passes through it.
+    """
     fd = os.dup(root_fd)
     for seg in parts:
         try:
@@ -545,7 +598,200 @@ def _open_parent(root_fd: int, parts: Sequence[str]) -> Optional[int]:
             raise
         os.close(fd)
         fd = child
+        if avoid is not None:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == avoid:
+                os.close(fd)
+                raise _InStore()
     return fd
+
+
+def _store_id(store: Store) -> Tuple[int, int]:
+    """The store root's (device, inode): what a checkout never writes into nor removes from."""
+    st = os.stat(store.root)
+    return (st.st_dev, st.st_ino)
+
+
+def _in_store(store: Store, key: str, path: Union[str, Path], *, checked: bool) -> InvalidInputError:
+    """The error for a key whose path lies inside the store (``checked``: found before anything was written)."""
+    where = str(path) if str(path) == str(store.root) else f"{path}, the store at {store.root}"
+    return InvalidInputError(
+        f"manifest key {key!r} lies inside the casstore store ({where}); a checkout never writes into the "
+        f"store{'; nothing was checked out' if checked else ''}. Check out into a folder that does not "
+        "contain the store"
+    )
+
+
+def _refuse_store_target(store: Store, out: Path, store_id: Tuple[int, int]) -> None:
+    """Refuse a target that is the store's root or lies inside it, before anything is written.
+
+    Hazard (found by a bug hunt): ``checkout NAME <store> --overwrite`` replaced ``store.toml`` with a
+    manifest's file and broke the store; a checkout into ``<store>/objects`` or ``refs/`` planted
+    object files whose bytes are not their names, and pins.  Compared by device and inode (of the
+    target and of every existing directory above it: through a link or a bind mount too) and by
+    real path, like ``add``'s and ``status``'s check (casstore/folders.py).
+    """
+    real = os.path.realpath(out)
+    top = os.path.realpath(store.root)
+    inside = real == top or real.startswith(top.rstrip("/") + "/")
+    p = real
+    while not inside:
+        try:
+            st = os.stat(p)
+            inside = (st.st_dev, st.st_ino) == store_id
+        except OSError:
+            pass  # not made yet (checkout makes it), or not for this user to look at
+        up = os.path.dirname(p)
+        if up == p:
+            break
+        p = up
+    if inside:
+        raise InvalidInputError(
+            f"cannot check out into {out}: it is the casstore store at {store.root} or a folder inside it; a "
+            "checkout never writes into the store (a manifest's files would replace its objects, refs and "
+            "settings). Check out into a folder outside the store"
+        )
+
+
+class _KindSwitch:
+    """Keys that are a file in one version and a directory in the next, or the reverse (``sync`` only).
+
+    Hazard (found by a bug hunt): v1 has the file ``model``, v2 ``model/weights.bin``.  ``sync``
+    refused the file in the directory's way (and the directory in the file's way, going back); with
+    ``overwrite`` the file was replaced but stayed in the record, and every later sync reported it
+    "kept" (changed since), even with ``force``.  Now sync replaces what an earlier checkout of the
+    name wrote, as it replaces a recorded file with new bytes: still casstore's (:func:`_ours`; with
+    ``force`` any file or link it recorded).  A recorded file where a directory is needed is replaced
+    by the walker (:meth:`replaceable`, asked by the check pass); a directory a checkout of the name
+    made, where a file is needed, is removed when nothing is in it but directories it made and files
+    it wrote (:meth:`plan` in the check pass; :meth:`clear` checks again and removes them just before
+    that key's file is written: the one removal that cannot wait until every new file is in place).
+    Never a user's file, never a directory casstore did not make, never anything in the store.
+    """
+
+    def __init__(self, store: Store, out: Path, rec: _Record, store_id: Tuple[int, int], *, force: bool,
+                 floor: int) -> None:
+        self.store = store
+        self.out = out
+        self.rec = rec
+        self.store_id = store_id
+        self.force = force
+        self.floor = floor
+        self.files_ok: Set[str] = set()  # recorded files the check pass found replaceable by a directory
+        self.dirs_ok: Set[str] = set()  # keys whose directory the check pass found removable
+        self.files: List[str] = []  # keys of recorded files removed by clear
+        self.dirs: List[str] = []  # recorded directories removed by clear
+
+    def _still_ours(self, fd: int, name: str, st: os.stat_result, rel: str) -> Optional[str]:
+        """None if the recorded file ``rel`` may go; else why not, for an error message."""
+        ours = self.rec.files.get(rel)
+        if ours is None:
+            return f"{self.out}/{rel} is not a file it wrote"
+        if self.force and (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            return None
+        if _ours(self.store, fd, name, st, ours, self.floor) is not None:
+            return None
+        return f"{self.out}/{rel} changed since it was written (pass force=True to remove it)"
+
+    def replaceable(self, fd: int, seg: str, rel: str) -> Optional[str]:
+        """None if the recorded file ``rel`` (``seg`` in ``fd``) may be replaced by a directory; else what
+        the error should add (may be "")."""
+        if rel not in self.rec.files:
+            return ""
+        try:
+            st = os.stat(seg, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return ""
+        if self._still_ours(fd, seg, st, rel) is None:
+            return None
+        return " (an earlier checkout of this name wrote it, but it changed since: pass force=True to replace it)"
+
+    def plan(self, pfd: int, leaf: str, key: str) -> Union[str, Tuple[List[str], List[str]]]:
+        """What removing the directory at ``key`` (``leaf`` in ``pfd``) takes: the recorded files in it and its
+        recorded directories (keys; the directories deepest first); or why it may not be removed."""
+        if key not in self.rec.dirs:
+            return "no checkout of this name made it"
+        files: List[str] = []
+        dirs: List[str] = []
+        try:
+            stack = [(os.open(leaf, _DIR, dir_fd=pfd), key)]
+        except OSError as e:
+            return f"it cannot be opened ({e.strerror})"
+        try:
+            while stack:
+                fd, rel = stack.pop()
+                try:
+                    st = os.fstat(fd)
+                    if (st.st_dev, st.st_ino) == self.store_id:
+                        return f"{self.out}/{rel} is the casstore store"
+                    for n in sorted(os.listdir(fd)):
+                        sub = f"{rel}/{n}"
+                        st = os.stat(n, dir_fd=fd, follow_symlinks=False)
+                        if stat.S_ISDIR(st.st_mode):
+                            if sub not in self.rec.dirs:
+                                return f"{self.out}/{sub} is a directory it did not make"
+                            stack.append((os.open(n, _DIR, dir_fd=fd), sub))
+                            dirs.append(sub)
+                            continue
+                        why = self._still_ours(fd, n, st, sub)
+                        if why is not None:
+                            return why
+                        files.append(sub)
+                finally:
+                    os.close(fd)
+        except OSError as e:
+            return f"it changed while being read ({e.strerror})"
+        finally:
+            for fd, _ in stack:
+                os.close(fd)
+        dirs.reverse()  # each was listed after its parent: children first
+        return files, dirs
+
+    def clear(self, pfd: int, leaf: str, key: str, dest: str) -> None:
+        """Remove the directory at ``key`` found removable by the check pass, checking it again first."""
+        got = self.plan(pfd, leaf, key)
+        if isinstance(got, str):
+            raise InvalidInputError(f"{dest} is a directory where the manifest has a file, and it changed while "
+                                    f"checking out ({got}); remove it, or leave it and check out again")
+        files, dirs = got
+        top = os.open(leaf, _DIR, dir_fd=pfd)
+        try:
+            for k in files:
+                parts = k[len(key) + 1:].split("/")
+                fd = _open_parent(top, parts[:-1])
+                if fd is not None:
+                    try:
+                        os.unlink(parts[-1], dir_fd=fd)  # the entry itself: a link is removed, never followed
+                    except FileNotFoundError:
+                        pass
+                    finally:
+                        os.close(fd)
+                self.files.append(k)
+            for d in dirs:
+                parts = d[len(key) + 1:].split("/")
+                fd = _open_parent(top, parts[:-1])
+                if fd is not None:
+                    try:
+                        self._rmdir(fd, parts[-1], f"{self.out}/{d}", dest)
+                    finally:
+                        os.close(fd)
+                self.dirs.append(d)
+        finally:
+            os.close(top)
+        self._rmdir(pfd, leaf, dest, dest)
+        self.dirs.append(key)
+
+    @staticmethod
+    def _rmdir(fd: int, name: str, path: str, dest: str) -> None:
+        try:
+            os.rmdir(name, dir_fd=fd)  # only if empty: a file written meanwhile stays
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                raise InvalidInputError(f"{dest} is a directory where the manifest has a file, and {path} was "
+                                        "written into meanwhile; move that out, and check out again") from None
+            raise _target_error(e, path, "remove directory") from None
 
 
 class CheckedOut(List[Path]):
@@ -577,7 +823,9 @@ def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]],
     file under a key.  Nothing is ever written outside ``outdir``: links in
     the target are never followed (see the module docstring).  A file with
     other content, a link or a special file in the way is an
-    :class:`~casstore.errors.InvalidInputError` unless ``overwrite``.
+    :class:`~casstore.errors.InvalidInputError` unless ``overwrite``.  So is
+    a target that is the store or lies inside it, and (the store inside
+    ``outdir``) a key whose path lies inside the store: nothing is written.
 
     ``link``: ``"copy"`` (reflinked where the filesystem can, else copied),
     ``"reflink"`` (a clone or an error), ``"hardlink"`` / ``"symlink"`` (to
@@ -589,7 +837,9 @@ def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]],
     version lacks, and updates the ones it changes -- never a file casstore did
     not write, and never one modified since unless ``force=True`` (a copy whose
     stat differs, or whose bytes do while its stat cannot tell; a link that is
-    no longer the object's).
+    no longer the object's).  A key that is a file in one version and a
+    directory in the other is followed both ways: the file casstore wrote, or
+    the directory it made holding only what it wrote, makes way.
 
     Every object is verified before it is used: a copy is re-hashed after it
     is written; a hard or symbolic link is made only to an object file that
@@ -615,6 +865,8 @@ def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]],
     ents: Dict[str, Entry] = dict(man.entries.items())
     _conflicts(man, ents)
     out = Path(os.fspath(outdir)).absolute()
+    store_id = _store_id(store)
+    _refuse_store_target(store, out, store_id)
     if store.objects.upstream is not None:  # read-through: bring every missing object home before writing a file
         store.objects.fetch_many([e.digest for e in ents.values() if not store.objects.has(e.digest)])
     for key, e in ents.items():
@@ -630,7 +882,7 @@ def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]],
                     rec.path, out, rec.damaged)
     try:
         return _checkout(store, ents, out, rec, overwrite=overwrite, sync=sync, link=link, force=force,
-                         progress=progress, rehash=rehash)
+                         progress=progress, rehash=rehash, store_id=store_id)
     except PermissionError as err:
         if isinstance(err, CasstoreError):  # already names the key's path (_target_error)
             raise
@@ -638,20 +890,25 @@ def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]],
 
 
 def _checkout(store: Store, ents: Dict[str, Entry], out: Path, rec: _Record, *, overwrite: bool, sync: bool, link: str,
-              force: bool, progress: Optional[bool], rehash: bool) -> CheckedOut:
+              force: bool, progress: Optional[bool], rehash: bool, store_id: Tuple[int, int]) -> CheckedOut:
     todo: List[Tuple[str, Entry, bool]] = []  # (key, entry, expected to exist: a replacement)
     seen: Dict[str, RecEntry] = {}  # recorded files found still casstore's (entries refreshed)
     floor = stamp_floor_ns()  # before every stat and hash below (see _ours)
+    switch = _KindSwitch(store, out, rec, store_id, force=force, floor=floor) if sync else None
     root_fd = _open_target(out, create=False)
     if root_fd is None:
         todo = [(k, e, False) for k, e in ents.items()]
     else:
-        walker = _Walker(root_fd, out, overwrite=overwrite, create=False)
+        # Hazard (found by a bug hunt): with the store inside the folder (proj/.casstore), a manifest's keys
+        # ".casstore/refs/pins/x" and ".casstore/objects/ab/..." planted a pin and a fake object.  The walk
+        # refuses a key whose path passes through (or is) the store, before anything is written.
+        walker = _Walker(root_fd, out, overwrite=overwrite, create=False, switch=switch, store=store,
+                         store_id=store_id)
         swept: Set[Tuple[str, ...]] = set()
         try:
             for key, e in ents.items():
                 parts = key.split("/")
-                pfd = walker.parent(parts[:-1])
+                pfd = walker.parent(parts[:-1], key)
                 if pfd is None:
                     todo.append((key, e, False))
                     continue
@@ -661,7 +918,8 @@ def _checkout(store: Store, ents: Dict[str, Entry], out: Path, rec: _Record, *, 
                     _sweep_parts(pfd)
                 ours = rec.files.get(key) if sync else None  # replacing a file casstore wrote is sync's job
                 present, mine = _check_leaf(store, pfd, parts[-1], f"{out}/{key}", e, overwrite, link=link,
-                                            ours=ours, force=force, floor=floor)
+                                            ours=ours, force=force, floor=floor, key=key, switch=switch,
+                                            store_id=store_id)
                 if present is not None:
                     todo.append((key, e, present))
                 if mine is not None:
@@ -673,18 +931,26 @@ def _checkout(store: Store, ents: Dict[str, Entry], out: Path, rec: _Record, *, 
     written: List[Path] = []
     new_files: Dict[str, RecEntry] = {}
     created: List[str] = []
+    replaced: List[str] = []  # files (or links) replaced by a directory the new version needs
     removed: Tuple[Set[str], List[str], List[str], List[str]] = (set(), [], [], [])  # dirs, removed, kept, gone
     ok = False
     try:
         if todo:
-            _write_all(store, out, todo, written, new_files, created, overwrite=overwrite, link=link,
-                       progress=progress, rehash=rehash)
+            _write_all(store, out, todo, written, new_files, created, replaced, overwrite=overwrite, link=link,
+                       progress=progress, rehash=rehash, sync=sync, switch=switch, store_id=store_id)
         ok = True
     finally:
+        # Files and directories removed to switch a key between file and directory are gone, whatever
+        # happened after: forgotten by the record (and, with sync, reported as removed: they were its doing).
+        switched = [k for k in itertools.chain(switch.files if switch is not None else (), replaced)
+                    if rec.files.pop(k, None) is not None]
+        if switch is not None:
+            rec.dirs.difference_update(switch.dirs)
         # Record what was written even after a failure midway: those files are casstore's to sync later.
-        # Removal runs only after every new file is in place, so a failed sync removes nothing.
+        # Removal runs only after every new file is in place, so a failed sync removes nothing (but what
+        # was in the way of a key that switched between file and directory).
         if sync and ok:
-            removed = _remove_stale(store, out, ents, rec, force=force, floor=floor)
+            removed = _remove_stale(store, out, ents, rec, force=force, floor=floor, store_id=store_id)
         # Every entry stays until its file is gone: one this run did not get to (a failure midway) is
         # still as casstore left it, so a retry replaces it; one sync kept (changed since) stays
         # recorded as it was, so ``force`` can still remove it.
@@ -695,15 +961,16 @@ def _checkout(store: Store, ents: Dict[str, Entry], out: Path, rec: _Record, *, 
             files.pop(k, None)
         rec.dirs = (rec.dirs | set(created)) - removed[0]
         rec.save()
-    return CheckedOut(written, removed[1], removed[2])
+    return CheckedOut(written, sorted([*removed[1], *switched]) if sync else (), removed[2])
 
 
 def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]], written: List[Path],
-               new_files: Dict[str, RecEntry], created: List[str], *, overwrite: bool,
-               link: str, progress: Optional[bool], rehash: bool) -> None:
+               new_files: Dict[str, RecEntry], created: List[str], replaced: List[str], *, overwrite: bool,
+               link: str, progress: Optional[bool], rehash: bool, sync: bool, switch: Optional[_KindSwitch],
+               store_id: Tuple[int, int]) -> None:
     root_fd = _open_target(out, create=True)
     assert root_fd is not None
-    walker = _Walker(root_fd, out, overwrite=overwrite, create=True)
+    walker = _Walker(root_fd, out, overwrite=overwrite, create=True, switch=switch, store=store, store_id=store_id)
     out_s = str(out)
     trust = store.objects.hash_record() if link in ("hardlink", "symlink") and not rehash else None
     bar = Progress(sum(e.size or 0 for _, e, _ in todo), desc="checkout", enabled=progress)
@@ -719,13 +986,19 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
         while i < len(todo):
             key = todo[i][0]
             parts = key.split("/")
-            pfd = walker.parent(parts[:-1])
+            pfd = walker.parent(parts[:-1], key)
             assert pfd is not None
             base = key[:len(key) - len(parts[-1])]  # "dir/" ("" at the top)
             j = i + 1
             while j < len(todo) and todo[j][0].startswith(base) and "/" not in todo[j][0][len(base):]:
                 j += 1
             group = todo[i:j] if pool is not None else todo[i:i + 1]
+            if switch is not None and switch.dirs_ok:
+                for k, _, _ in group:
+                    if k in switch.dirs_ok:  # a directory an earlier checkout made, where this key is a file
+                        key = k
+                        switch.clear(pfd, k[len(base):], k, f"{out_s}/{k}")
+                key = todo[i][0]
             got: Iterator[Union[Tuple[StatKey, int], BaseException]]
             if pool is not None:
                 # Slices of LINK_SLICE keys and up, one job each: a job per key cost ~24 futex calls
@@ -759,8 +1032,12 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
                 raise first
             i += len(group)
     except (CasstoreError, OSError) as err:
+        # Hazard (found by a bug hunt): "sync removed nothing" was said without sync too.
+        n = len(walker.replaced) + (len(switch.files) if switch is not None else 0)
+        what = "" if not sync else "; sync removed nothing" if not n else (
+            f"; sync removed only the {n} file(s) in the way of keys that switched between file and directory")
         done = (f"checkout into {out} stopped at {key!r} after writing {len(written)} of {len(todo)} file(s) "
-                f"(each written file is whole and verified; nothing half-written is left; sync removed nothing)")
+                f"(each written file is whole and verified; nothing half-written is left{what})")
         # Said in the error itself (its type kept, so callers catch it as before).
         if isinstance(err, OSError) and err.strerror:
             err.strerror = f"{err.strerror}. {done}"
@@ -778,21 +1055,23 @@ def _write_all(store: Store, out: Path, todo: Sequence[Tuple[str, Entry, bool]],
         if trust is not None:
             trust.save()
         created.extend(walker.created)
+        replaced.extend(walker.replaced)
         walker.close()
         os.close(root_fd)
 
 
 def _remove_stale(store: Store, out: Path, ents: Dict[str, Entry], rec: _Record, *, force: bool,
-                  floor: int) -> Tuple[Set[str], List[str], List[str], List[str]]:
+                  floor: int, store_id: Tuple[int, int]) -> Tuple[Set[str], List[str], List[str], List[str]]:
     """Remove recorded files the new version lacks (still casstore's, :func:`_ours`; or any file/link
     with ``force``); then recorded directories left empty.  Returns the directories removed, the keys of
     the files removed, those of the files left (changed since casstore wrote them) and those no longer
-    in the folder."""
+    in the folder.  Nothing inside the store (``store_id``) is ever removed: such keys are forgotten."""
     stale = sorted(k for k in rec.files if k not in ents)
     gone_dirs: Set[str] = set()
     removed: List[str] = []
     left: List[str] = []
     gone: List[str] = []
+    in_store: List[str] = []
     if not stale and not rec.dirs:
         return gone_dirs, removed, left, gone
     try:
@@ -802,7 +1081,14 @@ def _remove_stale(store: Store, out: Path, ents: Dict[str, Entry], rec: _Record,
     try:
         for key in stale:
             parts = key.split("/")
-            pfd = _open_parent(root_fd, parts[:-1])
+            try:
+                # Hazard (found by a bug hunt): a record written before checkout refused keys inside the
+                # store (or a store made inside the folder since) named files in it for sync to delete.
+                pfd = _open_parent(root_fd, parts[:-1], store_id)
+            except _InStore:
+                in_store.append(key)
+                gone.append(key)
+                continue
             if pfd is None:
                 gone.append(key)  # its directory is gone (or a link now: never followed)
                 continue
@@ -812,7 +1098,12 @@ def _remove_stale(store: Store, out: Path, ents: Dict[str, Entry], rec: _Record,
                 except FileNotFoundError:
                     gone.append(key)
                     continue
-                if (force and (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode))
+                if stat.S_ISDIR(st.st_mode):
+                    # Hazard (found by a bug hunt): a key that became a directory (v1 "model", v2
+                    # "model/w.bin") was "kept" (changed since) by every later sync, even with force:
+                    # the file casstore wrote is gone; a directory is never removed here.
+                    gone.append(key)
+                elif (force and (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode))
                         or _ours(store, pfd, parts[-1], st, rec.files[key], floor) is not None):
                     os.unlink(parts[-1], dir_fd=pfd)  # the entry itself: a link is removed, never followed
                     removed.append(key)
@@ -823,6 +1114,13 @@ def _remove_stale(store: Store, out: Path, ents: Dict[str, Entry], rec: _Record,
         needed = {"/".join(k.split("/")[:i]) for k in ents for i in range(1, k.count("/") + 1)}
         for d in sorted(rec.dirs - needed, key=lambda d: -d.count("/")):  # deepest first
             parts = d.split("/")
+            try:
+                dfd = _open_parent(root_fd, parts, store_id)  # (the directory itself may be the store, too)
+            except _InStore:
+                gone_dirs.add(d)  # never removed: forgotten
+                continue
+            if dfd is not None:
+                os.close(dfd)
             pfd = _open_parent(root_fd, parts[:-1])
             if pfd is None:
                 continue
@@ -837,9 +1135,13 @@ def _remove_stale(store: Store, out: Path, ents: Dict[str, Entry], rec: _Record,
                 os.close(pfd)
     finally:
         os.close(root_fd)
+    if in_store:
+        log.warning("sync left %d file(s) in %s alone that lie inside the casstore store at %s (a checkout never "
+                    "removes anything there), and forgot them: %s", len(in_store), out, store.root,
+                    ", ".join(in_store[:10]))
     if left:
-        log.warning("sync kept %d file(s) in %s that changed since casstore wrote them (pass force=True / "
-                    "--force to remove them): %s", len(left), out, ", ".join(left[:10]))
+        log.warning("sync kept %d file(s) in %s that changed since casstore wrote them (pass force=True to "
+                    "remove them): %s", len(left), out, ", ".join(left[:10]))
     return gone_dirs, removed, left, gone
 
 
@@ -861,21 +1163,37 @@ def _open_target(out: Path, *, create: bool) -> Optional[int]:
 
 
 def _check_leaf(store: Store, pfd: int, leaf: str, dest: str, e: Entry, overwrite: bool, *, link: str,
-                ours: Optional[RecEntry], force: bool, floor: int) -> Tuple[Optional[bool], Optional[RecEntry]]:
+                ours: Optional[RecEntry], force: bool, floor: int, key: str, switch: Optional[_KindSwitch],
+                store_id: Tuple[int, int]) -> Tuple[Optional[bool], Optional[RecEntry]]:
     """None: ``dest`` already holds the entry; False: nothing there; True: something to replace.  Also the
     record's entry for it, refreshed, if the file is still casstore's (:func:`_ours`), else None.
 
     ``ours``: what the previous checkout recorded at this key (sync only): a file still as casstore
     left it may be replaced without ``overwrite``; with ``force``, whatever file it is now.
+    ``switch`` (sync only): a directory an earlier checkout made here may go (:class:`_KindSwitch`).
     """
     try:
         st = os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
     except FileNotFoundError:
         return False, None
     if stat.S_ISDIR(st.st_mode):
-        raise InvalidInputError(
-            f"{dest} is a directory where the manifest has a file; remove it (checkout never deletes directories)"
-        )
+        if (st.st_dev, st.st_ino) == store_id:
+            raise _in_store(store, key, dest, checked=True)
+        if switch is None:
+            raise InvalidInputError(
+                f"{dest} is a directory where the manifest has a file; remove it (checkout never deletes "
+                "directories; with sync=True it removes one an earlier checkout of this name made, when "
+                "nothing is in it but what that checkout wrote)"
+            )
+        why = switch.plan(pfd, leaf, key)
+        if isinstance(why, str):
+            raise InvalidInputError(
+                f"{dest} is a directory where the manifest has a file, and sync removes only a directory an "
+                f"earlier checkout of this name made, holding nothing but what that checkout wrote: {why}. "
+                "Move those files out, or remove the directory yourself"
+            )
+        switch.dirs_ok.add(key)
+        return True, None  # removed just before this key's file is written (_KindSwitch.clear)
     mine = _ours(store, pfd, leaf, st, ours, floor) if ours is not None else None
     if mine is not None and mine[0] == e.digest and (stat.S_ISREG(st.st_mode) or link == "symlink"):
         return None, mine  # casstore's, with these bytes (a settled stat, hashed now, or the object itself)
