@@ -454,3 +454,56 @@ def test_console_script_and_module_use_the_quick_exit(tmp_path: Path) -> None:
     r = subprocess.run([PYTHON, "-m", "casstore", "--store", str(store), "stat", "blake3:" + "0" * 64], env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "casstore: error:" in r.stderr  # error lines and codes are unchanged
+
+
+# -- errors speak CLI: hints name flags, not the Python API's keywords (issue 12) -------------------
+
+
+def test_cli_words_turn_every_python_hint_into_a_flag() -> None:
+    from casstore.cli.common import cli_words
+
+    cases = {
+        "remote 'o' already exists (u); remove it first or pass replace=True":
+            "remote 'o' already exists (u); remove it first or pass --replace",
+        "pull it (store.pull(remote, 'n') merges), then push again -- or push with force=True":
+            "pull it (`casstore pull REMOTE n` merges), then push again -- or push with --force",
+        "push with force (store.push(remote, 'n', force=True), ...":
+            "push with force (`casstore push REMOTE n --force`, ...",
+        "pull with merge=True (or 'ours'/'theirs') to merge them":
+            "pull without --no-merge (or with --merge ours|theirs) to merge them",
+        "pull with merge='ours' or merge='theirs'": "pull with --merge ours or --merge theirs",
+        "unpin or remove names, lower keep_history, or raise the limit":
+            "unpin or remove names, lower --keep-history, or raise the limit",
+        "d is not a directory; add snapshots a folder (put_path stores a file)":
+            "d is not a directory; add snapshots a folder (`casstore put` stores a file)",
+        "create one with `casstore init r` or casstore.open(path)": "create one with `casstore init r`",
+        "Use link='symlink' or link='copy'; pass overwrite=True, sync=True": "Use --link symlink or --link copy; "
+                                                                             "pass --overwrite, --sync",
+        "a plain message": "a plain message",
+    }
+    for text, want in cases.items():
+        assert cli_words(text) == want
+
+
+def test_cli_errors_name_flags_not_python_keywords(tmp_path: Path) -> None:
+    """Found by a bug hunt: "pass replace=True", "lower keep_history", "(put_path stores a file)"."""
+    root = tmp_path / "s"
+    casstore.open(root)
+    (tmp_path / "f.bin").write_bytes(b"x" * 5000)
+    runs = [
+        (["remote", "add", "o", "s3://bucket-a/p"], 0),
+        (["remote", "add", "o", "s3://bucket-b/p"], 1),
+        (["add", "exp", str(tmp_path / "f.bin")], 1),
+        (["manifest", "set", "kept", "f", str(tmp_path / "f.bin")], 0),
+        (["freeze", "kept"], 0),
+        (["gc", "--max-size", "1", "--yes"], 1),
+    ]
+    errors = []
+    for args, rc in runs:
+        r = cli(tmp_path, "--store", str(root), *args)
+        assert r.returncode == rc, (args, r.stderr)
+        errors.append(r.stderr + r.stdout)  # (gc's plan says why a limit cannot be met on stdout)
+    text = "".join(errors)
+    assert "--replace" in errors[1] and "`casstore put`" in errors[2] and "--keep-history" in errors[5], errors
+    for python in ("replace=True", "put_path", "keep_history", "=True"):
+        assert python not in text, text

@@ -27,7 +27,7 @@ from typing import NoReturn, Optional, Sequence
 from .. import __version__
 from ..errors import CasstoreError
 from . import cache, config, doctor, folders, maintenance, manifests, objects, pipelines, remote
-from .common import JSON_HELP, Command, Parser, UnusedParser, add_global_options, print_help
+from .common import JSON_HELP, Command, Parser, UnusedParser, add_global_options, cli_words, print_help
 
 __all__ = ["main", "build_parser"]
 
@@ -229,7 +229,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except CasstoreError as e:
         if debug:
             raise
-        _say(f"casstore: error: {_first_line(e)} [{type(e).__name__}]")
+        _say(f"casstore: error: {cli_words(_first_line(e))} [{type(e).__name__}]")
         return 1
     except Exception as e:
         if debug:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Callable, Iterator, List, Mapping, Optional, Tuple, Union
@@ -28,6 +29,7 @@ from ..errors import (
 from ..store import Store, open_store
 
 __all__ = [
+    "cli_words",
     "printable",
     "Command",
     "Add",
@@ -320,3 +322,34 @@ def print_help(parser: argparse.ArgumentParser) -> int:
     """Print ``parser``'s help on stderr; return 2 (a command given without its action)."""
     parser.print_help(sys.stderr)
     return 2
+
+
+# The library's messages name its Python API (a caller of store.checkout needs ``overwrite=True``); on
+# the command line the same hint must name the flag.  Found by bug hunts: "pass overwrite=True", "Use
+# link='copy'", "pass replace=True", "pull it (store.pull(remote, 'n') merges)", "lower keep_history".
+# One table, applied to every error the CLI prints (cli/app.py) and to checkout's warnings.
+_CLI_WORDS: Tuple[Tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"\boverwrite=True\b"), "--overwrite"),
+    (re.compile(r"\bforce=True\b"), "--force"),
+    (re.compile(r"\bsync=True\b"), "--sync"),
+    (re.compile(r"\breplace=True\b"), "--replace"),
+    (re.compile(r"\blink='([a-z]+)'"), r"--link \1"),
+    (re.compile(r"\bmerge='(ours|theirs)' or merge='(ours|theirs)'"), r"--merge \1 or --merge \2"),
+    (re.compile(r"\bpull with merge=True \(or 'ours'/'theirs'\)"),
+     "pull without --no-merge (or with --merge ours|theirs)"),
+    (re.compile(r"\bstore\.push\(remote, '([^']*)', --force\)"), r"`casstore push REMOTE \1 --force`"),
+    (re.compile(r"\bstore\.pull\(remote, '([^']*)'\)"), r"`casstore pull REMOTE \1`"),
+    (re.compile(r"\bkeep_history\b"), "--keep-history"),
+    (re.compile(r"\(put_path stores a file\)"), "(`casstore put` stores a file)"),
+    (re.compile(r"\bput_path stores one regular file"), "put stores regular files"),
+    (re.compile(r" or casstore\.open\(path\)"), ""),
+)
+
+
+def cli_words(text: str) -> str:
+    """A library message with its Python-API hints in CLI words (``overwrite=True`` -> ``--overwrite``)."""
+    if "=" not in text and "(" not in text and "keep_history" not in text:
+        return text
+    for pattern, words in _CLI_WORDS:
+        text = pattern.sub(words, text)
+    return text

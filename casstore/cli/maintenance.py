@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Sequence, Union
 
 from .._progress import human_bytes
 from ..errors import InvalidInputError
-from .common import Add, count_arg, open_from_args, seconds_arg
+from .common import Add, cli_words, count_arg, open_from_args, seconds_arg
 
 if TYPE_CHECKING:
     from ..digest import Digest
@@ -36,7 +36,7 @@ def _report_gc(args: argparse.Namespace, plan: Union[GCPlan, RemoteGCPlan], aske
             doc["result"] = result.to_dict()
         print(json.dumps(doc, indent=2))
         return
-    print(plan.summary())
+    print(cli_words(plan.summary()))  # ("lower keep_history" -> "--keep-history")
     if args.verbose:
         for d in plan.objects:
             print(f"  delete {d}  {plan.why(d)}")

@@ -13,7 +13,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -33,7 +32,7 @@ from ..manifests.checkout import log as checkout_log
 from ..manifests.ops import same_meta
 from ..manifests.provenance import INPUTS_KEY
 from ..store import Store
-from .common import Add, add_actions, count_arg, jsonable, open_from_args, printable, seconds_arg
+from .common import Add, add_actions, cli_words, count_arg, jsonable, open_from_args, printable, seconds_arg
 
 if TYPE_CHECKING:
     from .. import Entry
@@ -292,25 +291,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 0
 
 
-# Checkout's messages name Python keywords; a CLI user needs the flags (found by a bug hunt: "pass
-# overwrite=True", "Use link='copy' ... link='hardlink'", "pass force=True / --force").  One rewording,
-# for its errors and its warnings alike.
-_CHECKOUT_FLAGS = ((re.compile(r"\boverwrite=True\b"), "--overwrite"), (re.compile(r"\bforce=True\b"), "--force"),
-                   (re.compile(r"\bsync=True\b"), "--sync"), (re.compile(r"\blink='([a-z]+)'"), r"--link \1"))
-
-
-def _checkout_words(text: str) -> str:
-    """A checkout message in CLI words: ``overwrite=True`` -> ``--overwrite``, ``link='copy'`` -> ``--link copy``."""
-    for pattern, flag in _CHECKOUT_FLAGS:
-        text = pattern.sub(flag, text)
-    return text
-
-
 class _CheckoutWords(logging.Filter):
-    """Rewords a checkout warning's hints as flags (:func:`_checkout_words`) while the command runs."""
+    """Rewords a checkout warning's hints as flags (:func:`~casstore.cli.common.cli_words`) while the command runs."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.msg, record.args = _checkout_words(record.getMessage()), None
+        record.msg, record.args = cli_words(record.getMessage()), None
         return True
 
 
@@ -327,7 +312,7 @@ def cmd_checkout(args: argparse.Namespace) -> int:
         written = store.checkout(args.target, args.dir, overwrite=args.overwrite, sync=args.sync, link=args.link,
                                  force=args.force, progress=None if not args.json else False)
     except InvalidInputError as e:  # hints in CLI words
-        raise InvalidInputError(_checkout_words(str(e))) from None
+        raise InvalidInputError(cli_words(str(e))) from None
     finally:
         checkout_log.removeFilter(words)
     if args.json:
