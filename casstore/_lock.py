@@ -24,6 +24,11 @@ Hazards these locks are built around:
   with ``O_NOFOLLOW | O_NONBLOCK`` and must ``fstat`` as a regular file; a
   link, directory, FIFO or socket there is a :class:`StoreFormatError` naming
   it and saying to remove it (never followed, never waited on, never chmod-ed).
+* A thread that asks for a lock it holds already (a derive ``fn`` deriving
+  or editing its own name, a chain of derives back to it) would wait for
+  itself forever: its own heartbeat says the holder is alive.  Each thread's
+  holds are counted (:func:`_thread_holds`) and such a request is a
+  :class:`LockCycleError` at once; other threads of the process wait as usual.
 
 Heartbeats (issue 13): a holder doing long work (a fetch, a derive ``fn``)
 takes the lock with ``heartbeat=`` seconds.  It writes a record into the lock
@@ -139,7 +144,7 @@ from typing import Dict, List, Optional, Set, Tuple, Type
 
 from ._fsprobe import LOCK_UNSUPPORTED, ofd_lock, ofd_unlock, probe
 from ._shared import makedirs, share_new_file
-from .errors import LockTimeout, ReadOnlyError, StoreFormatError
+from .errors import LockCycleError, LockTimeout, ReadOnlyError, StoreFormatError
 
 __all__ = ["FileLock", "DEFAULT_TIMEOUT", "BEAT_EVERY", "CHECK_EVERY", "Holder", "read_holder", "LEASE_EXPIRY",
            "LockStrategy", "FlockStrategy", "PosixStrategy", "LeaseStrategy", "STRATEGIES", "configure",
@@ -184,6 +189,15 @@ _MAX_CLAIMS = 8  # claim generations for one stale lease (each one only after th
 # worker or pool process started inside ``edit()`` or a ``derive`` fn can
 # never keep a name locked after its parent released it or died.
 _held: weakref.WeakSet[FileLock] = weakref.WeakSet()
+_per_thread = threading.local()
+
+
+def _thread_holds() -> Dict[str, List[int]]:
+    """This thread's held locks: lock file path -> [holds, exclusive holds] (see :meth:`FileLock.acquire`)."""
+    d: Optional[Dict[str, List[int]]] = getattr(_per_thread, "holds", None)
+    if d is None:
+        d = _per_thread.holds = {}
+    return d
 
 
 def _close_inherited_locks() -> None:
@@ -195,7 +209,9 @@ def _close_inherited_locks() -> None:
                 os.close(fd)
             except OSError:  # pragma: no cover
                 pass
+        lk._mine = None
     _held.clear()
+    _per_thread.holds = {}  # (the forking thread's holds were the parent's: the child holds nothing)
 
 
 os.register_at_fork(after_in_child=_close_inherited_locks)
@@ -1165,7 +1181,7 @@ class FileLock:
     """
 
     __slots__ = ("path", "timeout", "what", "shared", "log_every", "heartbeat", "_fd", "mode", "_pid", "_beat",
-                 "_record", "_strategy", "_lease_ino", "_lease_born", "_shared_file", "__weakref__")
+                 "_record", "_strategy", "_lease_ino", "_lease_born", "_shared_file", "_mine", "__weakref__")
 
     def __init__(self, path: Path, *, timeout: Optional[float] = DEFAULT_TIMEOUT, what: str = "",
                  shared: bool = False, log_every: float = 10.0, mode: int = 0o666,
@@ -1185,6 +1201,7 @@ class FileLock:
         self._lease_ino = 0
         self._lease_born = (0.0, 0.0)  # lease mode: _now() when our lease was created
         self._shared_file: Optional[Path] = None  # lease mode, shared: this holder's file
+        self._mine: Optional[Dict[str, List[int]]] = None  # the acquiring thread's holds (_thread_holds)
 
     @property
     def held(self) -> bool:
@@ -1236,15 +1253,34 @@ class FileLock:
         return fd
 
     def acquire(self) -> FileLock:
-        """Take the lock or raise :class:`LockTimeout` once the holder showed no life for ``timeout`` s."""
+        """Take the lock or raise :class:`LockTimeout` once the holder showed no life for ``timeout`` s.
+
+        :class:`LockCycleError` at once if this very thread holds it already (exclusively, or shared
+        when exclusive is asked): it would wait for itself forever.
+        """
         if self._strategy is not None:
             raise RuntimeError(f"lock {self.path} is already held by this object")
+        mine = _thread_holds()
+        name = str(self.path)
+        have = mine.get(name)
+        if have is not None and (not self.shared or have[1]):
+            # Hazard (found by a bug hunt): a derive fn that derived or edited its own name (or a cycle
+            # A -> B -> A) waited forever: the holder's heartbeat is this very process, alive and beating.
+            raise LockCycleError(
+                f"this thread already holds the lock on {self.what} (lock file {self.path}) and asks for it "
+                "again: it would wait for itself forever. A derive fn must not derive or edit its own name, "
+                "nor start a chain of derives that comes back to it"
+            )
         strategy, key = strategy_for(self.path)
         try:
             strategy.acquire(self)
         except LocksUnsupported as e:
             degrade(key, self.path, e)
             STRATEGIES["lease"].acquire(self)
+        counts = mine.setdefault(name, [0, 0])
+        counts[0] += 1
+        counts[1] += 0 if self.shared else 1
+        self._mine = mine
         return self
 
     def _limit(self, holder: Optional[Holder]) -> Optional[float]:
@@ -1302,6 +1338,14 @@ class FileLock:
         fd, self._fd = self._fd, -1
         self._strategy = None
         _held.discard(self)
+        mine, self._mine = self._mine, None
+        if mine is not None:
+            counts = mine.get(str(self.path))
+            if counts is not None:
+                counts[0] -= 1
+                counts[1] -= 0 if self.shared else 1
+                if counts[0] <= 0:
+                    del mine[str(self.path)]
         return fd
 
     def release(self) -> None:

@@ -22,6 +22,7 @@ __all__ = [
     "IntegrityError",
     "FrozenError",
     "LockTimeout",
+    "LockCycleError",
     "StoreFormatError",
     "ReadOnlyError",
     "BackendError",
@@ -78,6 +79,12 @@ class FrozenError(CasstoreError):
 
 class LockTimeout(CasstoreError, TimeoutError):
     """A lock was not acquired within the timeout; the message names the lock file."""
+
+
+class LockCycleError(LockTimeout):
+    """The thread asking for a lock holds it already (a derive ``fn`` that derives or edits its own
+    name, or a chain of derives that comes back to it): it could never be acquired, so this is raised
+    at once instead of waiting forever."""
 
 
 class StoreFormatError(CasstoreError):

@@ -517,3 +517,38 @@ def test_an_output_hard_linked_to_a_file_outside_the_store_is_copied(store: cass
     own.write_bytes(b"edited by its owner")  # legitimate: it is the user's file
     assert store.get(d) == b"the user's own file"
     assert store.verify().ok
+
+
+def test_a_fn_that_derives_or_edits_its_own_name_raises_instead_of_waiting_forever(store: casstore.Store) -> None:
+    """Found by a bug hunt: the lock's holder was this very process, alive and beating, so the wait never ended."""
+    from casstore.errors import LockCycleError
+
+    def inner(_i: Dict[str, Path], out: Path) -> None:
+        (out / "x").write_text("x")
+
+    def same(_i: Dict[str, Path], out: Path) -> None:
+        store.derive("same", inputs={}, fn=inner, params={"inner": 1})
+
+    def edits(_i: Dict[str, Path], out: Path) -> None:
+        with store.edit("edits"):
+            pass
+
+    def a(_i: Dict[str, Path], out: Path) -> None:
+        store.derive("b", inputs={}, fn=b)
+
+    def b(_i: Dict[str, Path], out: Path) -> None:
+        store.derive("a", inputs={}, fn=a)
+
+    t0 = time.monotonic()
+    for name, fn in (("same", same), ("edits", edits), ("a", a)):
+        with pytest.raises(LockCycleError, match="wait for itself forever"):
+            store.derive(name, inputs={}, fn=fn, timeout=600)
+    assert time.monotonic() - t0 < 30
+    with pytest.raises(LockCycleError):  # a nested edit of one name in one thread, likewise
+        with store.edit("n"):
+            with store.edit("n"):
+                pass
+    # The name is free again afterwards, and other names inside fn are fine.
+    assert store.derive("same", inputs={}, fn=inner)["x"].size == 1
+    with store.edit("n") as m:
+        m["k"] = store.put(b"k")
