@@ -413,3 +413,22 @@ def test_a_gc_running_during_verify_is_not_reported_as_loss(store: casstore.Stor
     rep = store.verify()  # the second hook removes what head 'exp' needs: that is loss
     assert not rep.ok and current in rep.missing and current in rep.lost
     assert "removed while verify ran" in rep.details[current] or "referenced by" in rep.details[current]
+
+
+def test_verify_and_usage_are_not_uses_for_the_lru_limit(store: casstore.Store) -> None:
+    """Found by a bug hunt: verify (and stats' reads of zstd trailers) refreshed every object's atime,
+    so the size limit's least-recently-used order evicted the one object the user had just read."""
+    objs = [store.put(f"obj{i}".encode() * 2000, compress=(i % 2 == 0)) for i in range(20)]
+    old = time.time() - 3 * 86400
+    for d in objs:
+        os.utime(obj_file(store, d), (old, old))
+    used = objs[0]
+    assert store.get(used)
+    if os.stat(obj_file(store, used)).st_atime < old + 60:
+        pytest.skip("this filesystem does not update access times on read (noatime mount): nothing to keep")
+    assert store.verify().ok
+    store.usage()
+    for d in objs[1:]:
+        assert os.stat(obj_file(store, d)).st_atime == pytest.approx(old, abs=1), d
+    plan = store.plan_limit(max_bytes=sum(obj_file(store, d).stat().st_size for d in objs) - 1, grace=0)
+    assert used not in {f.digest for f in plan.files}

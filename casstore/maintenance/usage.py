@@ -161,7 +161,7 @@ def _logical_size(f: ObjFile) -> int:
         return f.size
     try:
         # Opened without following links or blocking: the file may have been swapped since the scan.
-        fd, st = open_object_file(f.path, f.digest)
+        fd, st = open_object_file(f.path, f.digest, noatime=True)
     except (IntegrityError, ObjectNotFoundError, OSError):
         return 0  # planted over or removed meanwhile
     try:

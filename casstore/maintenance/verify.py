@@ -232,7 +232,7 @@ _GONE = _Check("gone", 0, "")
 def _check_file(f: ObjFile, expected: Optional[int], fast: bool) -> _Check:
     """Check one object file found by the scan (see the module docstring)."""
     try:
-        fd, st = open_object_file(f.path, f.digest)
+        fd, st = open_object_file(f.path, f.digest, noatime=True)
     except ObjectNotFoundError:
         return _GONE  # removed since the scan (gc, limit)
     except IntegrityError as e:  # swapped for a link, FIFO or directory since the scan: never followed
@@ -637,7 +637,7 @@ def _misstated_sizes(g: Graph, labels: Mapping[Digest, str], files: List[ObjFile
             actual[f.hex] = f.size
         else:
             try:
-                fd, st = open_object_file(f.path, f.digest)
+                fd, st = open_object_file(f.path, f.digest, noatime=True)
             except (CasstoreError, OSError):
                 continue
             try:
