@@ -828,7 +828,7 @@ class IndexCache:
         Safe from any number of threads and processes at once.  Raises
         :class:`~casstore.FrozenError` once the cache is frozen, :class:`CacheIndexError`
         for a bad index and :class:`~casstore.InvalidTypeError` for data that is not
-        bytes, bytearray or memoryview.
+        bytes, bytearray, memoryview or another C-contiguous buffer (a numpy array, array.array, mmap).
         """
         if type(data) is not bytes:
             data = self._as_buffer(i, data)
@@ -1550,10 +1550,25 @@ class IndexCache:
                     f"{self._label()}: put({i!r}, ...) was given a released memoryview; pass the bytes "
                     "while the memoryview is alive (or bytes(view) before releasing it)"
                 ) from None
-        raise InvalidTypeError(
-            f"{self._label()}: put({i!r}, ...) takes bytes, bytearray or memoryview, not {type(data).__name__}; "
-            "encode the sample first (pickle.dumps(x), s.encode(), or numpy's tobytes())"
-        )
+        # Hazard (found by a bug hunt): only the three types above were taken, so pfio code that
+        # puts a numpy array, array.array or mmap (pfio writes any buffer) failed on switching.
+        # Any other object with the buffer protocol is taken as its bytes, without a copy, when
+        # C-contiguous; a strided one is refused (its bytes are not one run: say how to get them).
+        try:
+            view = memoryview(data)  # type: ignore[arg-type]  # non-buffers raise TypeError here
+        except TypeError:
+            raise InvalidTypeError(
+                f"{self._label()}: put({i!r}, ...) takes bytes, bytearray or memoryview (or another buffer: a "
+                f"numpy array, array.array, mmap), not {type(data).__name__}; encode the sample first "
+                "(pickle.dumps(x), s.encode(), or numpy's tobytes())"
+            ) from None
+        if not view.c_contiguous:
+            view.release()
+            raise InvalidTypeError(
+                f"{self._label()}: put({i!r}, ...) was given a non-contiguous {type(data).__name__} buffer; pass "
+                "a C-contiguous copy (numpy.ascontiguousarray(x) or x.tobytes())"
+            )
+        return view.cast("B")
 
     def _missing(self, i: int) -> Optional[bytes]:
         """An absent index reads as None -- if its table entry is exactly the 'absent' pattern."""
@@ -1748,6 +1763,15 @@ class _FrozenOnce(IndexCache):
     __slots__ = ()
     get = _frozen_get_once
 
+
+# Hazard (found by a bug hunt): ``pickle.dumps(cache.get)`` pickles a bound method as
+# ``getattr(cache, get.__func__.__name__)``; named ``_frozen_get_once``, the frozen gets were
+# looked up under that name in the unpickling process, which failed there, so
+# ``Pool().map(cache.get, ...)`` on a frozen cache hung forever (the worker's result never came
+# back).  They are the class's ``get``, so they answer to that name: set once here, no cost per get.
+for _f in (_frozen_get_checked, _frozen_get_fast, _frozen_get_once):
+    _f.__name__ = "get"
+del _f
 
 _SWAPPABLE = (IndexCache, _FrozenChecked, _FrozenFast, _FrozenOnce)
 _CHECKS = {"once": "first", "full": "every", "record": "every", "open": "none"}  # verify mode -> frozen-get check

@@ -540,3 +540,52 @@ def test_frozen_get_types_its_index_like_the_live_get(store: casstore.Store, mod
     check(c)  # frozen in place
     c.preserve(f"typed-{mode}")
     check(IndexCache.open(store, f"typed-{mode}", verify=mode))  # mapped from the preserved object
+
+
+@pytest.mark.parametrize("mode", ["once", "full", "record", "open"])
+def test_a_bound_get_pickles_in_every_state(store: casstore.Store, mode: str) -> None:
+    # Bug: a frozen cache's get pickled as getattr(cache, "_frozen_get_once"), which the
+    # unpickling side could not find, so Pool().map(cache.get, ...) never got its results.
+    c = IndexCache(store, 3, verify=mode)
+    c.put(1, b"one")
+
+    def roundtrip(cache: IndexCache) -> None:
+        get = pickle.loads(pickle.dumps(cache.get))
+        assert get(1) == b"one" and get(0) is None
+        with pytest.raises(CacheIndexError):
+            get(3)
+
+    roundtrip(c)  # live
+    c.freeze()
+    roundtrip(c)  # frozen
+    c.preserve(f"bound-{mode}")
+    roundtrip(c)  # preserved
+    roundtrip(IndexCache.open(store, f"bound-{mode}", verify=mode))  # opened again
+
+
+def test_put_takes_any_c_contiguous_buffer(store: casstore.Store) -> None:
+    # Bug: only bytes, bytearray and memoryview were taken; pfio code puts numpy arrays,
+    # array.array and mmaps (any buffer), which raised InvalidTypeError after switching.
+    import array
+    import mmap
+
+    import numpy as np
+
+    c = IndexCache(store, 8)
+    grid = np.arange(6, dtype=np.float64).reshape(2, 3)
+    m = mmap.mmap(-1, 5)
+    m.write(b"hello")
+    assert c.put(0, np.arange(3, dtype=np.uint8)) and c.get(0) == b"\x00\x01\x02"
+    assert c.put(1, grid) and c.get(1) == grid.tobytes()  # n-dimensional, any item format
+    assert c.put(2, array.array("i", [1, 2])) and c.get(2) == array.array("i", [1, 2]).tobytes()
+    assert c.put(3, m) and c.get(3) == b"hello"
+    m.close()  # the put kept no export of the map: it closes
+    assert c.put(4, np.zeros(0)) and c.get(4) == b""
+    for strided in (np.arange(10)[::2], np.asfortranarray(grid)):
+        with pytest.raises(casstore.InvalidTypeError, match="non-contiguous ndarray.*ascontiguousarray"):
+            c.put(5, strided)
+    with pytest.raises(casstore.InvalidTypeError, match="or another buffer"):
+        c.put(5, {"not": "a buffer"})  # type: ignore[arg-type]
+    assert c.get(5) is None
+    c.freeze()
+    assert c.get(1) == grid.tobytes() and c.get(3) == b"hello"

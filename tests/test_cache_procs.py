@@ -585,3 +585,23 @@ def test_a_forked_child_puts_through_descriptors_of_its_own(store: casstore.Stor
     assert got == (True, True, True)
     assert c.get(1) == b"child" and c._proc.pid == os.getpid()
     c.close()
+
+
+@pytest.mark.parametrize("mode", ["once", "open"])
+def test_pool_map_of_a_frozen_caches_get_returns(store: casstore.Store, mode: str) -> None:
+    # Bug: the frozen get pickled under a name the worker could not look up; the worker's
+    # error never reached the pool, so map() hung forever.  A timeout turns a regression
+    # into a failure.
+    c = IndexCache(store, 6, verify=mode)
+    for i in range(6):
+        c.put(i, payload(i))
+    c.freeze()
+    c.preserve(f"pooled-{mode}")
+    opened = IndexCache.open(store, f"pooled-{mode}", verify=mode)
+    pool = mp.get_context("fork").Pool(2)
+    try:
+        for cache in (c, opened):
+            assert pool.map_async(cache.get, range(6)).get(timeout=JOIN) == [payload(i) for i in range(6)]
+    finally:
+        pool.terminate()
+        pool.join()

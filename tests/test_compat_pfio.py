@@ -427,3 +427,150 @@ def test_preloading_another_users_cache_with_do_pickle_warns_once(cdir: Path,
     msgs = [r.getMessage() for r in caplog.records]
     assert len(msgs) == 1, msgs  # once per file and process, not per preload
     assert "'theirs'" in msgs[0] and "uid 54321" in msgs[0] and "trust" in msgs[0]
+
+
+# -- pfio code that worked keeps working (bugs found by a bug hunt) ----------------------
+
+
+@pytest.mark.parametrize("cls", [FileCache, MultiprocessFileCache])
+@pytest.mark.parametrize("do_pickle", [False, True])
+def test_get_pickles_in_every_state_and_pool_map_returns(cdir: Path, cls: Any, do_pickle: bool) -> None:
+    # Bug: pool.map(cache.get, ...) hung once the cache was preserved or preloaded (the frozen
+    # get pickled under a name the worker could not find), and with do_pickle=True get was a
+    # closure that did not pickle at all.  pfio returns the values in every state.
+    value = (lambda i: {"i": i}) if do_pickle else (lambda i: b"v%d" % i)
+    c = cls(4, dir=str(cdir), do_pickle=do_pickle)
+    for i in range(3):
+        c.put(i, value(i))
+
+    def check(cache: Any) -> None:
+        get = pickle.loads(pickle.dumps(cache.get))
+        assert [get(i) for i in range(4)] == [value(0), value(1), value(2), None]
+
+    check(c)  # live
+    c.preserve("pooled")
+    check(c)  # preserved (frozen)
+    c.close()
+    assert pickle.loads(pickle.dumps(c.get))(0) is None  # closed: None, as pfio
+    d = cls(4, dir=str(cdir), do_pickle=do_pickle)
+    assert d.preload("pooled")
+    check(d)  # preloaded
+    pool = mp.get_context("fork").Pool(2)
+    try:
+        assert pool.map_async(d.get, range(4)).get(timeout=60) == [value(0), value(1), value(2), None]
+    finally:
+        pool.terminate()
+        pool.join()
+    d.close()
+
+
+@pytest.mark.parametrize("cls", [FileCache, MultiprocessFileCache])
+def test_put_takes_numpy_arrays_and_other_buffers_as_pfio_does(cdir: Path, cls: Any) -> None:
+    # Bug: np.ndarray, array.array and mmap (pfio writes any buffer) raised InvalidTypeError.
+    import array
+
+    import numpy as np
+
+    with cls(4, dir=str(cdir)) as c:
+        assert c.put(0, np.arange(3, dtype=np.uint8)) is True and c.get(0) == b"\x00\x01\x02"
+        assert c.put(1, array.array("h", [7])) is True and c.get(1) == array.array("h", [7]).tobytes()
+        with pytest.raises(TypeError):  # InvalidTypeError; pfio: a strided array cannot be written either
+            c.put(2, np.arange(8)[::2])
+        with pytest.raises(TypeError):
+            c.put(2, "a str")  # as pfio
+
+
+@pytest.mark.parametrize("cls", [FileCache, MultiprocessFileCache])
+@pytest.mark.parametrize("length", [10, 2])
+def test_preload_of_a_cache_of_another_length_is_refused(cdir: Path, cls: Any, length: int) -> None:
+    # Bug: preload returned True and served the old cache: get(5) raised while len() said 10,
+    # and a shorter cache served indices past its length.  (pfio returns True; see the docs.)
+    c = FileCache(3, dir=str(cdir))
+    for i in range(3):
+        c.put(i, b"v%d" % i)
+    c.preserve("three")
+    c.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            with cls(length, dir=str(cdir)) as f:
+                assert f.preload("three") is False
+                assert not f.frozen and len(f) == length and f.get(1) is None
+                assert f.put(length - 1, b"new") is True  # still this cache: fill it and preserve anew
+    msgs = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(msgs) == 1, msgs  # once, naming both lengths
+    assert "'three'" in msgs[0] and "length 3" in msgs[0] and f"length {length}" in msgs[0]
+    with FileCache(3, dir=str(cdir)) as f:
+        assert f.preload("three") is True and f.get(2) == b"v2"
+
+
+@pytest.mark.parametrize("length", [10, 2])
+def test_read_only_preload_of_a_cache_of_another_length_raises(cdir: Path, length: int) -> None:
+    # Bug: as above; ReadOnlyFileCache reports a failed preload by raising, as pfio's does.
+    c = FileCache(3, dir=str(cdir))
+    for i in range(3):
+        c.put(i, b"v%d" % i)
+    c.preserve("three")
+    c.close()
+    roc = ReadOnlyFileCache(length, dir=str(cdir))
+    with pytest.raises(RuntimeError, match=f"preserved with length 3, this cache has length {length}"):
+        roc.preload("three")
+    assert roc.closed and roc.get(1) is None
+    roc = ReadOnlyFileCache(3, dir=str(cdir))
+    assert roc.preload("three") and roc.get(2) == b"v2"
+    roc.close()
+
+
+PFIO_NAMES = ["cache-2024-01-01T12:00:00", "train:v1", "~tilde", "with\\backslash", "model@v2",
+              "50%", "50%25", "a%3Ab", "a:b", "tab\there", "blake3:abc"]
+
+
+def test_names_pfio_takes_round_trip_and_never_collide(cdir: Path) -> None:
+    # Bug: names pfio takes (':' in a timestamp, '~', '\\') raised InvalidInputError.  They are
+    # percent-encoded into pin names; '%' too, so "a:b" and "a%3Ab" stay two caches.
+    for k, name in enumerate(PFIO_NAMES):
+        c = FileCache(2, dir=str(cdir))
+        c.put(0, b"%d" % k)
+        assert c.preserve(name) is True
+        assert c.preserve(name) is False  # it exists now
+        c.close()
+    for k, name in enumerate(PFIO_NAMES):
+        with MultiprocessFileCache(2, dir=str(cdir)) as f:
+            assert f.preload(name) is True and f.get(0) == b"%d" % k, name
+        roc = ReadOnlyFileCache(2, dir=str(cdir))
+        with pytest.raises(RuntimeError, match="Incomplete"):  # found (it has one of two indices)
+            roc.preload(name)
+    pins = set(casstore.open(cdir / STORE_DIR).pins())
+    assert {"cache-2024-01-01T12%3A00%3A00", "train%3Av1", "a%3Ab", "a%253Ab", "50%25", "50%2525"} <= pins
+    assert "my-cache" not in pins and len(pins) == len(PFIO_NAMES)
+
+
+def test_a_name_that_would_leave_dir_is_not_found_and_not_preserved(cdir: Path) -> None:
+    # Bug: preload("../escape") raised InvalidInputError; pfio returns False for a name it cannot find.
+    with FileCache(2, dir=str(cdir)) as c:
+        c.put(0, b"x")
+        for bad in ("../escape", "/abs", "a//b", "", "x/.."):
+            assert c.preload(bad) is False
+            with pytest.raises(FileNotFoundError):
+                ReadOnlyFileCache(2, dir=str(cdir)).preload(bad)
+            with pytest.raises(casstore.InvalidInputError, match="cannot preserve a cache named"):
+                c.preserve(bad)  # never outside the store (pfio would write outside dir)
+        assert not c.frozen and c.preserve("fine") is True
+
+
+def test_a_dropped_do_pickle_cache_is_freed_without_the_cycle_collector(cdir: Path) -> None:
+    # The picklable get (above) is bound to a helper, not to the cache: a cycle through the
+    # cache's own get would keep a dropped cache's descriptors open until a gc pass.
+    import gc
+    import weakref
+
+    c = FileCache(3, dir=str(cdir), do_pickle=True)
+    c.put(0, [0])
+    c.preserve("dropped")
+    ref = weakref.ref(c)
+    gc.disable()
+    try:
+        del c
+        assert ref() is None
+    finally:
+        gc.enable()

@@ -20,8 +20,10 @@ the cache is an :class:`~casstore.IndexCache` in a casstore store at ``<dir>/cas
 
 Differences, all documented in docs/index-cache.md ("Switching from pfio"): preserved
 caches live in the store, not as ``<dir>/<name>`` files (pfio's own preserved files are
-not read); ``trace`` is accepted and ignored; an ``IntegrityError`` replaces silently
-damaged data.  As in pfio, ``close`` leaves ``dir`` as it found it when nothing was
+not read), pinned under the name percent-encoded where a pin name may not hold a character
+(``train:v1`` is ``train%3Av1``: :func:`_pin_name`); ``preload`` refuses a preserved cache of
+another length (pfio returns True and serves it); ``trace`` is accepted and ignored; an
+``IntegrityError`` replaces silently damaged data.  As in pfio, ``close`` leaves ``dir`` as it found it when nothing was
 preserved: the store ``<dir>/casstore`` is removed by the process that created it, once
 no other cache uses it and it holds no pin, object or live cache (see :class:`_StoreUse`).
 """
@@ -38,11 +40,20 @@ import pickle
 import secrets
 import shutil
 import warnings
+from types import MethodType
 from typing import Any, Callable, Dict, Optional
 
 from .._layout import BAD, LOCKS, OBJECTS, REFS, TMP
 from ..cache import DEFAULT_VERIFY, IndexCache
-from ..errors import DiskFullError, FrozenError, InvalidInputError, ObjectNotFoundError, StoreFormatError
+from ..errors import (
+    DiskFullError,
+    FrozenError,
+    InvalidInputError,
+    InvalidTypeError,
+    ObjectNotFoundError,
+    StoreFormatError,
+)
+from ..refs import validate_name
 from ..store import Store, open_store
 
 __all__ = ["FileCache", "MultiprocessFileCache", "ReadOnlyFileCache", "STORE_DIR", "INDEX_BYTES"]
@@ -189,6 +200,78 @@ class _StoreUse:
         return True
 
 
+# Characters that a pfio cache name (a file name in ``dir``) may hold and a casstore pin name may
+# not (':' marks digests, '~' and '@' versions, backslash and control characters are refused),
+# plus '%' itself, which escapes them.
+_ESCAPED = frozenset(":~@%\\") | frozenset(map(chr, [*range(0x20), *range(0x7F, 0xA0)]))
+
+
+def _pin_name(name: str) -> Optional[str]:
+    """The pin name under which the cache pfio would call ``name`` is kept, or None if there is none.
+
+    Hazard (found by a bug hunt): names pfio takes (``cache-2024-01-01T12:00:00``, ``train:v1``,
+    ``~x``, a backslash) were refused with ``InvalidInputError``.  A pfio user expects the name that
+    worked before to work, so each such character becomes ``%XX`` (its code in hex), '%' too: the
+    map is plain percent-encoding, so two names never share a pin, and a name without any of these
+    characters (almost every name) is its own pin name, as ``casstore cache verify NAME`` shows it.
+    Only a name whose escaped form is still not a name has none: one that would leave ``dir`` in
+    pfio (``../x``, ``/abs``), an empty segment, a lone surrogate, or too long; pfio could not find
+    such a cache either.  A non-str raises, as pfio's ``os.path.join`` does.
+    """
+    try:
+        return validate_name(_escape(name))
+    except InvalidInputError:
+        return None
+
+
+def _escape(name: str) -> str:
+    if not isinstance(name, str):
+        raise InvalidTypeError(f"a cache name must be a str, not {type(name).__name__}")
+    if _ESCAPED.isdisjoint(name):
+        return name
+    return "".join(f"%{ord(c):02X}" if c in _ESCAPED else c for c in name)
+
+
+def _invalid_name(name: str) -> InvalidInputError:
+    """Why ``name`` has no pin name (:func:`_pin_name` returned None), as the error preserve raises."""
+    try:
+        validate_name(_escape(name))
+    except InvalidInputError as e:
+        why = str(e)
+    else:  # pragma: no cover - only called when _pin_name found no pin name
+        why = "invalid"
+    return InvalidInputError(f"cannot preserve a cache named {name!r:.200}: {why}; choose a name that stays "
+                             "inside dir (no '..' or leading '/'), like pfio's 'my-cache'")
+
+
+# (store root, name, preserved length, length) already warned about by a preload (_warn_length): once each.
+_WARNED_LENGTH: set[tuple[str, str, int, int]] = set()
+
+
+def _warn_length(store: Store, name: str, preserved: int, length: int) -> None:
+    key = (str(store.root), name, preserved, length)
+    if key in _WARNED_LENGTH:
+        return
+    _WARNED_LENGTH.add(key)
+    warnings.warn(f"not preloading cache {name!r} from {store.root}: it was preserved with length {preserved}, "
+                  f"this cache has length {length}; the dataset changed, so fill this cache again and preserve "
+                  "it under a new name (or preload with the preserved length)", RuntimeWarning, stacklevel=3)
+
+
+class _UnpicklingGet:
+    """What a ``do_pickle`` cache's ``get`` is bound to (see :meth:`_PfioCache._bind`); picklable."""
+
+    __slots__ = ("cget",)
+
+    def __init__(self, cget: Callable[[int], Optional[bytes]]) -> None:
+        self.cget = cget
+
+    def get(self, i: int) -> object:
+        """The record at ``i`` unpickled (the ``get`` that a pickled ``cache.get`` becomes)."""
+        data = self.cget(i)
+        return pickle.loads(data) if data else data
+
+
 def _closed_get(i: int) -> object:
     """``get`` of a closed cache: None, as pfio."""
     return None
@@ -305,9 +388,18 @@ class _PfioCache:
         elif self.do_pickle:
             cget, loads = self._cache.get, pickle.loads
 
-            def get(i: int) -> object:
+            def unpickling_get(_self: object, i: int) -> object:
                 data = cget(i)
                 return loads(data) if data else data
+
+            # Hazard (found by a bug hunt): a bare closure here cannot be pickled, so
+            # ``Pool().map(cache.get, ...)`` failed with do_pickle=True (pfio's get pickles).
+            # Bound to an _UnpicklingGet and named "get", it pickles as a bound method does,
+            # as ``getattr(helper, "get")``: the helper's own method in the other process.  The
+            # closure stays the hot path (the method costs ~20 ns more per call, measured), and
+            # the helper, not this cache, is bound: no cycle keeps a dropped cache's files open.
+            unpickling_get.__name__ = "get"
+            get = MethodType(unpickling_get, _UnpicklingGet(cget))
         else:
             get = self._cache.get
         self.__dict__["get"] = get  # an instance attribute shadows the method
@@ -363,11 +455,14 @@ class _PfioCache:
         cache is durable, so a crash leaves the name absent or complete.  Afterwards
         the cache accepts no puts and reads from the preserved object.
         """
-        if not overwrite and self._name_exists(name):
+        pin = _pin_name(name)
+        if pin is None:
+            raise _invalid_name(name)
+        if not overwrite and self._name_exists(pin):
             if self.verbose:
                 print(f'Specified cache named "{name}" already exists in {self.store.root}')
             return False
-        self._cache.preserve(name, overwrite=overwrite)
+        self._cache.preserve(pin, overwrite=overwrite)
         self._bind()  # frozen now: the lock-free read path
         return True
 
@@ -381,11 +476,27 @@ class _PfioCache:
             if self.verbose:
                 print(f"Failed to preload the cache from {name}: The cache is already frozen.")
             return False
+        pin = _pin_name(name)
         try:
-            opened = IndexCache.open(self.store, name, verify=self.verify)
+            if pin is None:  # e.g. "../x": pfio finds no file of that name in dir and returns False
+                raise ObjectNotFoundError(f"{name!r} is not a cache name")
+            opened = IndexCache.open(self.store, pin, verify=self.verify)
         except ObjectNotFoundError:
             if self.verbose:
                 print(f"Failed to preload the cache from {name}: not found in {self.store.root}")
+            return False
+        if opened.length != self.length:
+            # Hazard (found by a bug hunt): a preserved cache of another length was served as
+            # this one: len() said one thing and get() another (a longer dataset raised on its
+            # new indices, a shorter one read past its own length).  A length that differs is
+            # another dataset, so refuse as for a missing name: the usual "if not preload:
+            # fill and preserve" then rebuilds it.  pfio returns True here (it keeps no
+            # length) and then serves a prefix or fails on get (docs/index-cache.md).
+            preserved = opened.length
+            opened.close()
+            if self.verbose:
+                print(f"Failed to preload the cache from {name}: its length is {preserved}, not {self.length}")
+            _warn_length(self.store, name, preserved, self.length)
             return False
         if self.do_pickle:
             _warn_foreign_pickles(opened, name)
@@ -571,11 +682,23 @@ class ReadOnlyFileCache:
                 store = self._store = open_store(root, create=False)
             except (StoreFormatError, OSError) as e:  # no store there yet: nothing was ever preserved
                 raise FileNotFoundError(errno.ENOENT, f"no preserved cache {name!r}: {e}", root) from None
+        pin = _pin_name(name)
         try:
-            c = IndexCache.open(store, name, verify=self.verify)
+            if pin is None:  # e.g. "../x": not a cache name, so there is no such cache (pfio: ENOENT)
+                raise ObjectNotFoundError(f"{name!r} is not a cache name")
+            c = IndexCache.open(store, pin, verify=self.verify)
         except ObjectNotFoundError:
             raise FileNotFoundError(errno.ENOENT, f"no preserved cache named {name!r} in {store.root}") from None
         count, length = c.count, c.length
+        if length != self.length:
+            # Hazard (found by a bug hunt): a preserved cache of another length was served as
+            # this one (see _PfioCache.preload).  This class reports a failed preload by raising,
+            # as pfio's does (pfio itself raises struct.error for a longer length, serves a
+            # prefix for a shorter one): RuntimeError, as for a cache with missing indices.
+            c.close()
+            raise RuntimeError(f"Cache length mismatch: {name!r} was preserved with length {length}, this cache "
+                               f"has length {self.length}; open it with ReadOnlyFileCache({length}, ...) or "
+                               "preserve a cache of this length")
         if count < length:
             c.close()
             raise RuntimeError(f"Incomplete cache file: {name!r} has {count} of {length} indices")
