@@ -57,6 +57,9 @@ __all__ = [
     "copy_exact",
     "read_up_to",
     "read_small_file",
+    "space_floor",
+    "SPACE_FLOOR_MAX",
+    "FLOOR_EXEMPT",
     "open_store_dir",
     "move_into",
     "fresh_bytes",
@@ -311,6 +314,28 @@ def free_bytes(path: os.PathLike[str] | str) -> Optional[int]:
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
+
+
+SPACE_FLOOR_MAX = 1 << 30
+"""Free space a download never eats into, at most (:func:`space_floor`): 1 GiB, or 1% of a smaller filesystem."""
+FLOOR_EXEMPT = 16 << 20
+"""A download this small never trips the floor: it fits on a nearly full disk (ENOSPC still stops it)."""
+
+
+def space_floor(path: os.PathLike[str] | str) -> int:
+    """Bytes a download leaves free on the filesystem of ``path``: 1% of it, at most :data:`SPACE_FLOOR_MAX`.
+
+    Why: a source of unknown size (no Content-Length, a file that grows, a remote recipe that repeats
+    one chunk without end) may be as large as its cap or larger; without a floor it fills a shared
+    disk -- failing every other writer there -- before it fails itself (bug hunts: a fetch of
+    ``/proc/self/pagemap``; a 36 KB recipe that made a read-through write 900 MiB).  0 where unknown.
+    Used by ``fetch`` and by remote downloads.
+    """
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 0
+    return min(SPACE_FLOOR_MAX, st.f_blocks * st.f_frsize // 100)
 
 
 def disk_full(e: OSError, where: os.PathLike[str] | str, what: str = "writing") -> OSError:

@@ -531,3 +531,84 @@ def test_sigkill_during_chunked_pull_then_rerun(tmp_path: Path, seaweed: Any, re
     b = casstore.open(tmp_path / "b")
     b.pull(rem, "big")
     assert [b.get(e.digest) for _, e in sorted(b.manifest("big").items())] == blobs
+
+
+def _counted(rem: casstore.Remote) -> Dict[str, int]:
+    return dict(rem.objects.connection.requests)
+
+
+def test_a_cut_off_recipe_is_replaced_by_the_next_push(tmp_path: Path, rem: casstore.Remote, seaweed: Any) -> None:
+    """Hazard (bug hunt): a recipe key cut off mid-PUT counted as present (not empty), so no push ever
+    repaired it and every pull failed with advice ("push the object again") that did nothing."""
+    a = casstore.open(tmp_path / "a")
+    big = random.Random(40).randbytes(3 * MiB)
+    with a.edit("m") as m:
+        m["big"] = d = a.put(big)
+    a.push(rem, "m")
+    key = rem.objects.recipe_key(d)
+    client = seaweed.client()
+    good = client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    # A re-push of what this store pushed reads no recipe: the chunk index knows its length.
+    gets = _counted(rem).get("GetObject", 0)
+    a.push(rem, "m")
+    assert _counted(rem).get("GetObject", 0) - gets == 2  # the pin and head refs, no recipe
+    client.put_object(Bucket=BUCKET, Key=key, Body=good[: len(good) // 2])  # what a server keeping a cut PUT holds
+    with pytest.raises(StoreFormatError, match="Push the object again"):
+        casstore.open(tmp_path / "b").pull(rem, "m")
+    a.push(rem, "m")
+    assert client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == good
+    c = casstore.open(tmp_path / "c")
+    c.pull(rem, "m")
+    assert c.get(d) == big
+
+
+def _bomb(seaweed: Any, rem: casstore.Remote, d: casstore.Digest, n: int) -> None:
+    """A recipe naming one 1 MiB chunk ``n`` times as the object ``d`` (a few dozen bytes per MiB)."""
+    chunk = random.Random(41).randbytes(MiB)
+    c = casstore.Digest.of(chunk)
+    _seaweed.put_key(seaweed.client(), rem.url, f"chunks/{c.hex[:2]}/{c.hex[2:]}", chunk)
+    recipe = Recipe(d, n * MiB, tuple(ChunkRef(c, i * MiB, MiB) for i in range(n)))
+    _seaweed.put_key(seaweed.client(), rem.url, f"recipes/{d.hex[:2]}/{d.hex[2:]}", recipe.encode())
+
+
+def test_a_lazy_pull_refuses_a_recipe_of_another_size_than_recorded(tmp_path: Path, rem: casstore.Remote,
+                                                                    seaweed: Any) -> None:
+    """Hazard (bug hunt): a 7-byte entry whose object the remote replaced by a recipe claiming 500 MiB (one
+    chunk repeated) was accepted by a lazy pull; checkout's read-through then wrote 500 MiB."""
+    a = casstore.open(tmp_path / "a")
+    with a.edit("exp") as m:
+        m["tiny.txt"] = d = a.put(b"payload")
+    a.push(rem, "exp")
+    seaweed.client().delete_object(Bucket=BUCKET, Key=rem.objects.key(d))
+    _bomb(seaweed, rem, d, 20)
+    s = casstore.open(tmp_path / "s", upstream=rem)
+    with pytest.raises(casstore.ObjectNotFoundError, match="another size than recorded"):
+        s.pull(rem, "exp", lazy=True)
+    assert s.heads() == {}
+
+
+def test_a_recipe_larger_than_the_disk_can_take_is_refused_before_a_byte_is_written(
+        tmp_path: Path, rem: casstore.Remote, seaweed: Any) -> None:
+    """Without a recorded size (a read-through get), a download stops before it would leave the store's
+    filesystem less than its free-space floor (a 36 KB recipe made a get write 900 MiB, up to ~100 TB)."""
+    import shutil
+
+    d = casstore.Digest.of(b"whatever the attacker names")
+    free = shutil.disk_usage(tmp_path).free
+    _bomb(seaweed, rem, d, free // MiB + 16)
+    s = casstore.open(tmp_path / "s", upstream=rem)
+    with pytest.raises(casstore.DiskFullError, match="more than the store"):
+        s.get(d)
+    assert os.listdir(s.root / "tmp") == []
+    assert shutil.disk_usage(tmp_path).free > free - 64 * MiB
+    # An eager pull: the size the entry records (7 bytes) refuses the recipe before anything is written.
+    a = casstore.open(tmp_path / "a")
+    with a.edit("exp") as m:
+        m["tiny.txt"] = tiny = a.put(b"payload")
+    a.push(rem, "exp")
+    seaweed.client().delete_object(Bucket=BUCKET, Key=rem.objects.key(tiny))
+    _bomb(seaweed, rem, tiny, free // MiB + 16)
+    t = casstore.open(tmp_path / "t")
+    with pytest.raises(casstore.IntegrityError, match="larger"):
+        t.pull(rem, "exp")
+    assert os.listdir(t.root / "tmp") == [] and t.heads() == {}

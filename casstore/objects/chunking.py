@@ -39,7 +39,7 @@ import functools
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 import msgpack
 
@@ -281,6 +281,42 @@ class ChunkIndex:
             con.executemany("INSERT OR IGNORE INTO gone VALUES (?)", gone)
             return int(con.execute("DELETE FROM chunks WHERE object IN (SELECT object FROM gone)").rowcount)
         return 0  # an sqlite error (rolled back by _db): nothing went
+
+    def recipes(self, sizes: Mapping[Digest, int]) -> Dict[Digest, Recipe]:
+        """The recipes of the objects of ``sizes`` (digest -> size) that the index holds whole: every row
+        naming the object, in offset order, covering exactly ``[0, size)``.  An object whose chunks are
+        partly recorded under another object (a chunk shared, or repeated within it) is left out.
+
+        A hint like every row: a push compares the encoded length with the listed recipe's
+        (:meth:`~casstore.objects.s3.S3Objects.present`) and reads the recipe when they differ.
+        """
+        rows: Dict[Digest, List[Tuple[int, int, bytes]]] = {}
+        todo = [d for d, n in sizes.items() if n > 0]
+        if not todo or not self.path.is_file():
+            return {}
+        with self._db() as con:
+            if con is None:
+                return {}
+            for i in range(0, len(todo), 500):
+                part = todo[i:i + 500]
+                got = con.execute(f"SELECT chunk, object, off, len FROM chunks WHERE object IN "
+                                  f"({','.join('?' * len(part))})", [d.raw for d in part]).fetchall()
+                for c, o, off, n in got:
+                    if isinstance(c, bytes) and isinstance(o, bytes) and len(c) == 32 and len(o) == 32:
+                        rows.setdefault(Digest(o.hex()), []).append((int(off), int(n), c))
+        out: Dict[Digest, Recipe] = {}
+        for d, parts in rows.items():
+            parts.sort()
+            at = 0
+            chunks: List[ChunkRef] = []
+            for off, n, c in parts:
+                if off != at or not 0 < n <= MAX_CHUNK:
+                    break
+                chunks.append(ChunkRef(Digest(c.hex()), off, n))
+                at += n
+            if at == sizes[d] and len(chunks) == len(parts):
+                out[d] = Recipe(d, at, tuple(chunks))
+        return out
 
     def find(self, chunks: Iterable[Digest]) -> Dict[Digest, Tuple[Digest, int, int]]:
         """Where each of ``chunks`` (those known) was seen: ``(object, offset, length)``."""

@@ -77,12 +77,13 @@ from ..errors import (
     IntegrityError,
     InvalidDigestError,
     InvalidInputError,
+    NetworkTimeout,
     ObjectNotFoundError,
     StoreFormatError,
 )
 from .base import Buffer, ObjectInfo, ObjectStore
 from .chunking import DEFAULT_CHUNKING, MAX_RECIPE_BYTES, Chunking, ChunkRef, Recipe, decode_recipe
-from .s3lean import LeanBody, LeanGetter
+from .s3lean import BodyTimeout, LeanBody, LeanGetter
 
 log = logging.getLogger("casstore.remote")
 
@@ -428,7 +429,7 @@ class S3Connection:
 
         lean = self._lean_getter()
         if lean is not None:
-            got = lean.get(key, limit=limit)
+            got = self._lean_get(lean, action, key, limit=limit)
             if got is None:
                 return None
             if isinstance(got, LeanBody):
@@ -468,7 +469,7 @@ class S3Connection:
             return b""
         lean = self._lean_getter()
         if lean is not None:
-            got = lean.get(key, byte_range=(start, start + length - 1))
+            got = self._lean_get(lean, action, key, byte_range=(start, start + length - 1))
             if got is None:
                 return None
             if isinstance(got, LeanBody) and got.data is not None:
@@ -489,6 +490,20 @@ class S3Connection:
             raise self.translate(e, action, key) from None
         except BotoCoreError as e:
             raise self.translate(e, action, key) from None
+
+    def _lean_get(self, lean: LeanGetter, action: str, key: str, *, limit: Optional[int] = None,
+                  byte_range: Optional[Tuple[int, int]] = None) -> Union[LeanBody, None, object]:
+        """``lean.get``, its :class:`BodyTimeout` a :class:`NetworkTimeout`."""
+        try:
+            return lean.get(key, limit=limit, byte_range=byte_range)
+        except BodyTimeout as e:
+            raise self._body_timeout(action, key, e) from None
+
+    def _body_timeout(self, action: str, key: str, e: BodyTimeout) -> NetworkTimeout:
+        # Hazard (found by a bug hunt): per-read socket timeouts never fire for a server that sends a
+        # byte just before each one, so a body had no bound at all; the deadline is s3lean.body_seconds.
+        return NetworkTimeout(f"{self.where} is too slow while {action} {self.s3_url(key)}: {e}; check the "
+                              "server and the network (or raise read_timeout), then run again")
 
     def open(self, key: str, *, action: str = "reading") -> Optional[Tuple[io.RawIOBase, int]]:
         """A streaming GET of ``key``: ``(body, announced size)``, or ``None`` if it does not exist."""
@@ -815,6 +830,8 @@ class S3Objects(ObjectStore):
         self.chunking = chunking
         """How large objects are pushed as content-defined chunks (``None``: always whole; issue 16).
         Chunked objects are read whatever this says."""
+        self._bad_recipes: Set[Digest] = set()  # found damaged by present(): the next upload replaces them
+        self._bad_lock = threading.Lock()
 
     # Capabilities: the protocol's defaults hold (no local paths; a PUT is visible
     # whole or not at all; keys can be deleted by whoever holds the permission).
@@ -948,6 +965,24 @@ class S3Objects(ObjectStore):
                                    f"{MAX_RECIPE_BYTES} bytes; refused, nothing was stored")
         return decode_recipe(got.data, digest, self.connection.s3_url(key))
 
+    def recipe_fits(self, digest: Digest, size: Optional[int]) -> bool:
+        """Whether the recipe of ``digest`` is there, decodes (:func:`decode_recipe`) and, with ``size``,
+        describes an object of exactly ``size`` bytes (one bounded GET).  A recipe that is there but
+        does not is remembered: the next upload of ``digest`` replaces it (:meth:`upload_chunked`)."""
+        try:
+            recipe = self.read_recipe(digest)
+        except StoreFormatError as e:
+            log.warning("%s", e)
+            recipe = None
+            ok, there = False, True
+        else:
+            there = recipe is not None
+            ok = recipe is not None and (size is None or recipe.size == size)
+        if there and not ok:
+            with self._bad_lock:
+                self._bad_recipes.add(digest)
+        return ok
+
     def read_chunk(self, c: ChunkRef, *, verify: bool = True) -> bytes:
         """One chunk's bytes (exactly its length), verified against its name unless ``verify=False``
         (:class:`IntegrityError`: nothing to keep).
@@ -999,7 +1034,16 @@ class S3Objects(ObjectStore):
 
         items = list(todo.values())
         sent = sum(executor.map(send, items)) if executor is not None and len(items) > 1 else sum(map(send, items))
-        self.put_content(self.recipe_key(recipe.digest), recipe.encode(), action="uploading recipe")
+        key, body = self.recipe_key(recipe.digest), recipe.encode()
+        with self._bad_lock:
+            damaged = recipe.digest in self._bad_recipes
+            self._bad_recipes.discard(recipe.digest)
+        if damaged:  # read and found undecodable or of another object size (present): ours replaces it
+            log.warning("%s: recipe %s does not decode or describes another size (a PUT cut off on a server that "
+                        "kept what it got?); replacing it", self.connection.where, self.connection.s3_url(key))
+            self.connection.put(key, body, action="replacing a damaged recipe")
+        else:
+            self.put_content(key, body, action="uploading recipe")
         return sent
 
     def put_content(self, key: str, body: bytes, *, action: str) -> bool:
@@ -1098,17 +1142,40 @@ class S3Objects(ObjectStore):
         return self.present(digests)
 
     def present(self, digests: Iterable[Digest], *, executor: Optional[Executor] = None,
-                sizes: Optional[Mapping[Digest, int]] = None) -> Set[Digest]:
+                sizes: Optional[Mapping[Digest, int]] = None,
+                recipes_known: Optional[Callable[[Set[Digest]], Mapping[Digest, int]]] = None) -> Set[Digest]:
         """Which of ``digests`` the remote has, whole or as a recipe of chunks, by listing (never one
         request per object).  See :meth:`listed`; with ``sizes``, a whole object of another size, or an
-        empty recipe, does not count (a damaged copy that a push must replace)."""
+        empty recipe, does not count (a damaged copy that a push must replace).
+
+        ``recipes_known`` (with ``sizes``): given the digests listed as recipes, digest -> the encoded
+        length of a recipe known good (the local chunk index's; ``{}``: none).  A listed recipe of
+        any other length is read (:meth:`recipe_fits`: one GET each) and counts only if it decodes to
+        an object of the size ``sizes`` records; one that does not is replaced by the next upload.
+        Hazard (found by a bug hunt): a recipe cut off mid-PUT (a server keeping what it got) counted as
+        present, so no push ever repaired it and every pull failed; reading every recipe would cost a
+        GET per object.
+        """
         want = set(digests)
         found = self.listed(OBJECTS, want, executor=executor,
                             size_ok=None if sizes is None else lambda d, n: sizes.get(d, n) == n)
         rest = want - found
         if rest:  # reading chunked objects needs no chunker: every client finds and reads them
-            found |= self.listed(RECIPES, rest, executor=executor,
-                                 size_ok=None if sizes is None else lambda _d, n: n > 0)
+            listed: Dict[Digest, int] = {}
+
+            def recipe_ok(d: Digest, n: int) -> bool:
+                listed[d] = n
+                return n > 0
+
+            recipes = self.listed(RECIPES, rest, executor=executor, size_ok=None if sizes is None else recipe_ok)
+            if sizes is not None and recipes_known is not None:
+                known = recipes_known(recipes) if recipes else {}
+                doubt = [d for d in recipes if known.get(d) != listed.get(d)]
+                if doubt:
+                    fits = (executor.map if executor is not None else map)(
+                        lambda d: self.recipe_fits(d, sizes.get(d)), doubt)
+                    recipes -= {d for d, ok in zip(doubt, fits, strict=True) if not ok}
+            found |= recipes
         return found
 
     def listed(self, kind: str, digests: Iterable[Digest], *, executor: Optional[Executor] = None,

@@ -27,16 +27,66 @@ Hazards this is built around:
   re-implemented: the base URL is taken once from a presigned URL the client
   builds for a probe key; keys are quoted the way botocore quotes them.
 * Anonymous clients (no credentials) are left to the client.
+* **A body that trickles.**  Socket timeouts bound each read, not the whole:
+  a server sending one byte every 1.5 s kept a read-through with
+  ``read_timeout=2`` going for as long as it liked (found by a bug hunt).
+  A body is therefore read (:func:`read_body`) whole within
+  :func:`body_seconds` of its size -- a grace of two read timeouts, then at
+  least one MiB per read timeout -- or the read raises :class:`BodyTimeout`
+  (a ``NetworkTimeout`` to the caller), never a fall-back (the client's read
+  would trickle as long).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple, Union
 from urllib.parse import quote
 
-__all__ = ["LeanGetter", "LeanBody", "FALL_BACK", "MAX_MISSES"]
+__all__ = ["LeanGetter", "LeanBody", "FALL_BACK", "MAX_MISSES", "BodyTimeout", "body_seconds", "read_body"]
+
+MiB = 1 << 20
+BODY_GRACE = 2.0
+"""Read timeouts a body may take before its transfer rate counts (:func:`body_seconds`)."""
+
+
+def body_seconds(read_timeout: float, size: int) -> float:
+    """Seconds a response body of ``size`` bytes may take in all: :data:`BODY_GRACE` read timeouts,
+    plus one read timeout per MiB (the slowest transfer accepted: 1 MiB per ``read_timeout``,
+    about 17 KiB/s with the default 60 s)."""
+    return read_timeout * (BODY_GRACE + max(0, size) / MiB)
+
+
+class BodyTimeout(TimeoutError):
+    """A response body was not read whole within :func:`body_seconds` (its connection was closed)."""
+
+
+def read_body(raw: Any, n: Optional[int], seconds: float, what: str) -> bytes:
+    """Up to ``n`` bytes (``None``: to the end) of a urllib3 response body, read whole within ``seconds``
+    (:class:`BodyTimeout` otherwise).  ``read1`` returns what one socket read brings, so the deadline
+    is looked at between reads whatever the server's pace (a plain ``read(n)`` loops inside until
+    ``n`` bytes came: a trickle kept it going for ever)."""
+    read1 = getattr(raw, "read1", None)
+    if read1 is None:  # urllib3 1.x: no read1; per-read timeouts only
+        return bytes(raw.read() if n is None else raw.read(n))
+    end = time.monotonic() + seconds
+    out = bytearray()
+    while n is None or len(out) < n:
+        if time.monotonic() > end:
+            raise BodyTimeout(f"{what}: {len(out)} bytes of the body arrived in {seconds:.1f} s, the most a body "
+                              f"of this size may take (at least 1 MiB per read_timeout after a grace of "
+                              f"{BODY_GRACE:g} read timeouts)")
+        piece = read1(_PIECE if n is None else min(_PIECE, n - len(out)))
+        if not piece:
+            break
+        out += piece
+    return bytes(out)
+
+
+_PIECE = 1 << 20
+
 
 MAX_MISSES = 3
 """Fall-backs in a row after which a connection stops trying the lean path."""
@@ -86,6 +136,7 @@ class LeanGetter:
                                     timeout=(connect_timeout, read_timeout), max_pool_connections=pool,
                                     proxies_config=cfg.proxies_config)
         self._count = count
+        self._read_timeout = read_timeout
         self._misses = 0
         self._lock = threading.Lock()
         self.answered = 0
@@ -136,21 +187,23 @@ class LeanGetter:
             if status == 200 or (status == 206 and byte_range is not None):
                 size = int(resp.headers.get("Content-Length", "0"))
                 etag = str(resp.headers.get("ETag", ""))
-                if byte_range is not None:
-                    data = resp.raw.read(byte_range[1] - byte_range[0] + 1)
-                elif limit is None:
-                    data = resp.raw.read()
-                elif size > limit:
+                if limit is not None and byte_range is None and size > limit:
                     self._hit()
                     return LeanBody(None, size, etag)
+                if byte_range is not None:
+                    n: Optional[int] = byte_range[1] - byte_range[0] + 1
                 else:
-                    data = resp.raw.read(limit + 1)
+                    n = None if limit is None else limit + 1
+                expect = size if n is None else min(size, n) if size else n
+                data = read_body(resp.raw, n, body_seconds(self._read_timeout, expect), f"GET {key}")
                 self._hit()
                 return LeanBody(bytes(data), size, etag)
             if status == 404 and b"<Code>NoSuchKey</Code>" in resp.raw.read(64 * 1024):
                 self._hit()
                 return None
             return self._miss()
+        except BodyTimeout:
+            raise
         except Exception:  # connection, TLS, proxy, credentials...: the client tries, with its retries
             return self._miss()
         finally:

@@ -26,7 +26,7 @@ secrets in the URL redacted from every log line, error, progress text and
 the stored record, and ``file://`` FIFOs, devices, links and kernel
 pseudo-files (procfs, sysfs, ...) refused at once.  Every download also stops
 with :class:`~casstore.errors.DiskFullError` before it would leave the store's
-filesystem less than :func:`_space_floor` free (a source of unknown size must
+filesystem less than :func:`space_floor` free (a source of unknown size must
 not fill a shared disk on its way to the cap).
 """
 
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, FrozenSet, Mapping, Optional, Tuple, Union
 
 from .._faults import fault
-from .._fs import free_bytes
+from .._fs import FLOOR_EXEMPT, free_bytes, space_floor
 from .._progress import Progress
 from ..codecs import RAW
 from ..digest import Digest, new_hasher
@@ -89,10 +89,6 @@ CHUNK = 1 << 20
 FLUSH_EVERY = 8 << 20
 """Bytes between background flushes of a download into a durable store (overlaps the disk with the network)."""
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
-SPACE_FLOOR_MAX = 1 << 30
-"""Free space a download never eats into, at most (:func:`_space_floor`): 1 GiB, or 1% of a smaller filesystem."""
-FLOOR_EXEMPT = 16 << 20
-"""A download's first bytes never trip the floor: a small file fits on a nearly full disk (ENOSPC still stops it)."""
 _CHECKSUMS = ("sha256", "md5")
 
 
@@ -422,21 +418,6 @@ def _file_unchanged(src: Source, meta: Mapping[str, object]) -> bool:
     return meta.get("mtime_ns") == st.st_mtime_ns and meta.get("size") == st.st_size
 
 
-def _space_floor(path: str) -> int:
-    """Bytes a download leaves free on the filesystem of ``path``: 1% of it, at most :data:`SPACE_FLOOR_MAX`.
-
-    Why: a source of unknown size (no Content-Length, a file that grows) may
-    be as large as the cap, 64 GiB by default; without a floor it fills a
-    shared disk -- failing every other writer there -- before it fails
-    itself (bug hunt item 3: ``/proc/self/pagemap``).  0 where unknown.
-    """
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return 0
-    return min(SPACE_FLOOR_MAX, st.f_blocks * st.f_frsize // 100)
-
-
 class _Sink:
     """The staging file and the running hashes of one download.
 
@@ -451,7 +432,7 @@ class _Sink:
 
     Free space is checked as bytes arrive (:meth:`_check_space`): the
     download stops with :class:`DiskFullError` before it would leave less
-    than :func:`_space_floor` free.  Checks are spaced at half the headroom
+    than :func:`space_floor` free.  Checks are spaced at half the headroom
     left, so a large disk costs a handful of ``statvfs`` calls, a nearly full
     one a check every chunk.
     """
@@ -466,7 +447,7 @@ class _Sink:
         self._flusher: Optional[threading.Thread] = None
         self._done = False
         self._where = str(st.path.parent)
-        self._floor = _space_floor(self._where)
+        self._floor = space_floor(self._where)
         self._check_at = 0  # the byte count at which free space is looked at next
         self.reset(truncate=False)
         if durable:

@@ -15,8 +15,12 @@ that is not a digest is a :class:`~casstore.errors.StoreFormatError` naming
 the key, never a guess; :meth:`S3Refs.inspect` hands such a key out as a
 :class:`DamagedRef` with the ETag of the very bytes read, so a push with force
 can replace it with ``If-Match`` on that ETag (:meth:`S3Refs.replace_damaged`)
--- only if the key still holds those bytes.  Listed keys whose names casstore would refuse
-(``validate_name``) are not refs and are skipped.  ETags of equal content
+-- only if the key still holds those bytes.  A listed key whose name casstore would refuse
+(``validate_name``; e.g. ``refs/heads/run\t1``, which releases before control characters were
+refused could write) is listed as damaged too, naming the key and what to do (delete or rename it).
+Hazard (found by a bug hunt): such keys were skipped, so remote gc (whose roots are :meth:`S3Refs.scan`)
+deleted the closure of the version such a key names, and pull and ``remote ls`` hid it.  Only an empty
+folder marker (a key ending in ``/``, as S3 consoles create) is skipped: it names nothing.  ETags of equal content
 are equal (MD5), so a ref moved A -> B -> A between a read and a
 compare-and-swap looks unchanged, as a local ref does: both compare contents.
 """
@@ -142,21 +146,51 @@ class S3Refs(RefStore):
         return self.connection.delete(key)
 
     def names(self, kind: str) -> List[str]:
-        """Every ref name of a kind, from the listing, sorted (keys that are not valid names skipped)."""
+        """Every valid ref name of a kind, from the listing, sorted (:meth:`scan` also reports the keys
+        whose names are not valid, as damaged)."""
+        return self._listed(kind)[0]
+
+    def _listed(self, kind: str) -> Tuple[List[str], Dict[str, str]]:
+        """(valid names, sorted; {listed name that is not valid: what is wrong and what to do})."""
         base = f"{self.prefix}{REFS}/{_kind(kind)}/"
         out: List[str] = []
-        for key, _size in self.connection.list(base):
+        bad: Dict[str, str] = {}
+        for key, size in self.connection.list(base):
+            name = key[len(base):]
             try:
-                out.append(validate_name(key[len(base):]))
-            except CasstoreError:
-                continue  # not a ref casstore wrote (another tool's key, or a hostile one)
-        return sorted(out)
+                out.append(validate_name(name))
+            except CasstoreError as e:
+                if size == 0 and name.endswith("/"):
+                    continue  # an empty folder marker (S3 consoles make them): it names no version
+                # Never skipped (module docstring): what it names is unknown, so gc must not run without it.
+                bad[name] = (f"{self.connection.where}: ref key {self.connection.s3_url(key)!r} has a name casstore "
+                             f"cannot use ({e}); delete that key, or rename it to a valid name with an S3 tool "
+                             "(e.g. `aws s3 mv`), then run again")
+        return sorted(out), dict(sorted(bad.items()))
+
+    def clashing(self, kind: str, name: str) -> Optional[str]:
+        """A name of the kind there that cannot exist in one store beside ``name`` (one is a prefix folder
+        of the other: ``x`` and ``x/y``), or ``None``.  A HEAD per parent folder and one listing request.
+
+        Hazard (found by a bug hunt): such names can exist on a remote (two machines push them) but not
+        in a store, so no store could pull both; a push checks before it creates a name.
+        """
+        name = validate_name(name)
+        base = f"{self.prefix}{REFS}/{_kind(kind)}/"
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            if self.connection.head(base + "/".join(parts[:i])) is not None:
+                return "/".join(parts[:i])
+        under, _ = self.connection.list_page(f"{base}{name}/")
+        names = [k[len(base):] for k, size in under if not (size == 0 and k.endswith("/"))]  # (folder markers)
+        return names[0] if names else None
 
     def scan(self, kind: str) -> RefListing:
-        """Every ref of a kind, readable and damaged (:class:`RefListing`; read in parallel)."""
-        names = self.names(kind)
+        """Every ref of a kind, readable and damaged (:class:`RefListing`; read in parallel).  A key whose
+        name is not a valid name is damaged too (the module docstring says why)."""
+        names, bad = self._listed(kind)
         if not names:
-            return RefListing({}, {})
+            return RefListing({}, bad)
 
         def one(name: str) -> Union[Optional[Ref], str]:
             try:
@@ -165,7 +199,7 @@ class S3Refs(RefStore):
                 return str(e)
 
         out: Dict[str, Digest] = {}
-        damaged: Dict[str, str] = {}
+        damaged: Dict[str, str] = dict(bad)
         with ThreadPoolExecutor(min(self.connection.workers, len(names)), thread_name_prefix="casstore-refs") as ex:
             got: List[Tuple[str, Union[Optional[Ref], str]]] = list(zip(names, ex.map(one, names), strict=True))
         for name, ref in got:
@@ -173,7 +207,7 @@ class S3Refs(RefStore):
                 damaged[name] = ref
             elif ref is not None:  # (None: deleted since the listing)
                 out[name] = ref.digest
-        return RefListing(out, damaged)
+        return RefListing(out, dict(sorted(damaged.items())))
 
     def __repr__(self) -> str:
         return f"S3Refs('s3://{self.connection.bucket}/{self.prefix}')"

@@ -22,6 +22,7 @@ Order and checks (docs/remotes.md, docs/security.md):
 
 from __future__ import annotations
 
+import bisect
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Set, Tuple, Union
@@ -35,6 +36,7 @@ from ..errors import (
     BackendError,
     FrozenError,
     InvalidInputError,
+    NameExistsError,
     ObjectNotFoundError,
     RemoteConflictError,
     StoreFormatError,
@@ -251,6 +253,7 @@ def pull(store: Store, remote: Union[Remote, str], *names: str, merge: Union[boo
             f"`casstore remote upstream {rem.name or 'NAME'}`, or casstore.open(path, upstream=...))"
         )
     targets = _targets(rem, names)
+    _refuse_name_clashes(store, rem, targets)
     n_objects, n_bytes, present = _bring_closures(store, rem, targets, lazy=lazy)
     # 3. Local refs last.
     fault("remote.before-refs")
@@ -258,6 +261,47 @@ def pull(store: Store, remote: Union[Remote, str], *names: str, merge: Union[boo
     for kind, name, d in targets:
         refs[f"{kind}/{name}"] = _update_local_ref(store, rem, kind, name, d, merge, lazy)
     return TransferReport(rem.describe(), refs, n_objects, n_bytes, present, time.perf_counter() - t0)
+
+
+def _refuse_name_clashes(store: Store, rem: Remote, targets: List[Tuple[str, str, Digest]]) -> None:
+    """:class:`NameExistsError`, before anything is pulled, if a target name and another name of its kind
+    (pulled too, or local) cannot both exist in a store: one is a prefix folder of the other (``x``, ``x/y``).
+
+    Hazard (found by a bug hunt): remote names may clash so (two machines pushed ``x`` and ``x/y``); a
+    full pull moved some refs, then stopped at the clash with "choose another" (no advice a pull can
+    take), the remaining names were never pulled and the report was lost.
+    """
+    where = rem.describe()
+    for kind in ("pins", "heads"):
+        wanted = sorted({n for k, n, _ in targets if k == kind})
+        if not wanted:
+            continue
+        listing = store.refs.scan(kind)
+        local = set(listing.refs) | set(listing.damaged)
+        every = sorted(set(wanted) | local)
+        present = set(every)
+        for name in wanted:
+            parts = name.split("/")
+            clash = [p for i in range(1, len(parts)) if (p := "/".join(parts[:i])) in present]
+            at = bisect.bisect_left(every, name + "/")  # names under the folder 'name/' sort together here
+            if at < len(every) and every[at].startswith(name + "/"):
+                clash.append(every[at])
+            for other in clash[:1]:
+                what = kind[:-1]
+                top, sub = (name, other) if other.startswith(name + "/") else (other, name)
+                if other in wanted:
+                    raise NameExistsError(
+                        f"pull from {where}: {what}s {top!r} and {sub!r} there cannot both exist in one store (a name "
+                        f"cannot also be the folder of another name); nothing was pulled. Pull the other names one "
+                        f"by one and only one of these two (`casstore pull {rem.name or 'REMOTE'} {top}`), or rename "
+                        f"one on the store that pushed it (`casstore mv {sub} NEW`) and push it again"
+                    )
+                raise NameExistsError(
+                    f"pull from {where}: {what} {name!r} there clashes with the local {what} {other!r} in the store "
+                    f"at {store.root} (a name cannot also be the folder of another name); nothing was pulled. "
+                    f"Rename the local one (`casstore mv {other} NEW`) and pull again, or rename {name!r} on the "
+                    "store that pushed it and push it again"
+                )
 
 
 def pull_closure(store: Store, remote: Union[Remote, str], digest: Digest) -> TransferReport:
@@ -377,6 +421,11 @@ _KEYS_PER_HEAD = 8
 """About how many listed keys cost one ``HeadObject`` (measured against SeaweedFS with botocore on 2
 cores: 1,000 parallel HEADs 1.3 s; a listing reading ~12,600 keys in 241 pages 1.8 s)."""
 
+def _none_known(_recipes: Set[Digest]) -> Dict[Digest, int]:
+    """No recipe is known good: a lazy pull reads every recipe it counts on (see :func:`_remote_has`)."""
+    return {}
+
+
 def _remote_has(rem: Remote, want: List[Digest], sizes: Dict[Digest, int], ex: ThreadPoolExecutor) -> Set[Digest]:
     """Which of ``want`` ``rem`` has (whole at the size ``sizes`` records, or as a non-empty recipe).
 
@@ -387,6 +436,11 @@ def _remote_has(rem: Remote, want: List[Digest], sizes: Dict[Digest, int], ex: T
     keys past it, that is the whole answer); otherwise the page's span estimates the remote's key
     density (digests are uniform), and the rest is listed when that reads at most ~``_KEYS_PER_HEAD``
     keys per object asked, else asked by HEADs in parallel.  Either way: proportional to ``want``.
+
+    A chunked object's recipe is read (one GET each) and counts only if it decodes to the size the
+    entry records.  Hazard (found by a bug hunt): a non-empty recipe key counted, so a hostile recipe
+    of a 7-byte entry claiming 500 MiB (one chunk repeated) was accepted, and the first read-through
+    wrote 500 MiB locally before its hash check failed.
     """
     objs = rem.objects
     conn = objs.connection
@@ -414,7 +468,7 @@ def _remote_has(rem: Remote, want: List[Digest], sizes: Dict[Digest, int], ex: T
     if not truncated or len(listed) < 2 or listed[-1] <= listed[0]:
         # The remote's object keys past the first asked are all in that page: what is left is absent
         # as a whole object (or damaged); only recipes (chunked objects) remain to be listed.
-        return found | objs.present(rest_d, executor=ex, sizes=sizes)
+        return found | objs.present(rest_d, executor=ex, sizes=sizes, recipes_known=_none_known)
     density = (len(listed) - 1) / (listed[-1] - listed[0])  # keys per unit of digest space
     spans: Dict[str, Tuple[int, int]] = {}
     for d in rest_d:
@@ -423,14 +477,13 @@ def _remote_has(rem: Remote, want: List[Digest], sizes: Dict[Digest, int], ex: T
         spans[d.hex[:2]] = (min(lo, v), max(hi, v))
     keys = density * sum(hi - lo for lo, hi in spans.values())
     if keys / _KEYS_PER_HEAD + len(spans) <= len(rest_d):
-        return found | objs.present(rest_d, executor=ex, sizes=sizes)
+        return found | objs.present(rest_d, executor=ex, sizes=sizes, recipes_known=_none_known)
 
     def head(d: Digest) -> bool:
         got = conn.head(objs.key(d))
         if got is not None and sizes.get(d, got[0]) == got[0]:
             return True
-        recipe = conn.head(objs.recipe_key(d))  # a chunked object: its recipe (never empty)
-        return recipe is not None and recipe[0] > 0
+        return objs.recipe_fits(d, sizes.get(d))  # a chunked object: its recipe, of the size recorded
 
     return found | {d for d, ok in zip(rest_d, ex.map(head, rest_d), strict=True) if ok}
 

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Set,
 from .._faults import fault
 from .._progress import Progress
 from ..digest import Digest
-from ..errors import ObjectNotFoundError, RemoteConflictError, StoreFormatError
+from ..errors import NameExistsError, ObjectNotFoundError, RemoteConflictError, StoreFormatError
 from ..manifests.model import load_manifest, walk_tree
+from ..objects.chunking import ChunkIndex
 from ..refs import validate_name
 from ..refs.base import Ref
 from ..refs.s3 import DamagedRef
@@ -105,7 +106,7 @@ def _plan_ref(store: Store, rem: Remote, kind: str, name: str, d: Digest, force:
                 return _repair_plan(kind, name, d, rpin)
             raise _damaged_error(rpin, name)
         if rpin is None:
-            return _RefPlan(kind, name, d, None, "created", True)
+            return _created(rem, kind, name, d)
         if rpin.digest == d:
             return _RefPlan(kind, name, d, rpin, "up to date", False)
         raise RemoteConflictError(
@@ -128,7 +129,7 @@ def _plan_ref(store: Store, rem: Remote, kind: str, name: str, d: Digest, force:
         raise _damaged_error(rstate, name)
     rhead = rstate
     if rhead is None:
-        return _RefPlan(kind, name, d, None, "created", True)
+        return _created(rem, kind, name, d)
     r = rhead.digest
     if r == d:
         return _RefPlan(kind, name, d, rhead, "up to date", False)
@@ -143,6 +144,20 @@ def _plan_ref(store: Store, rem: Remote, kind: str, name: str, d: Digest, force:
         f"pull it (store.pull(remote, {name!r}) merges), then push again -- or push with force=True "
         "to overwrite it"
     )
+
+
+def _created(rem: Remote, kind: str, name: str, d: Digest) -> _RefPlan:
+    """The plan of a name new on the remote; :class:`NameExistsError` if a name there clashes with it by
+    prefix (``x`` and ``x/y``: no store could pull both; see :meth:`S3Refs.clashing`)."""
+    other = rem.refs.clashing(kind, name)
+    if other is not None:
+        what = kind[:-1]
+        raise NameExistsError(
+            f"{rem.describe()}: {what} {other!r} there and your {what} {name!r} cannot both exist in one store (a "
+            "name cannot also be the folder of another name), so it was not pushed; rename yours "
+            f"(`casstore mv {name} NEW`) and push that"
+        )
+    return _RefPlan(kind, name, d, None, "created", True)
 
 
 def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = False,
@@ -199,7 +214,13 @@ def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = Fa
         # 3. What the remote already has: a listing, never one request per object.
         for v in versions:
             expected[v] = objects.stat(v).size
-        remote_has = rem.objects.present(content | versions, executor=ex, sizes=expected)
+        # A listed recipe is read only if its length is not that of the recipe this store pushed or
+        # pulled (the chunk index): a cut-off one is found and replaced, at no GET in the usual case.
+        def known(recipes: Set[Digest]) -> Dict[Digest, int]:
+            got = ChunkIndex(store.root).recipes({d: expected[d] for d in recipes if d in expected})
+            return {d: len(r.encode()) for d, r in got.items()}
+
+        remote_has = rem.objects.present(content | versions, executor=ex, sizes=expected, recipes_known=known)
         missing = [d for d in content if d not in remote_has]
         absent = [d for d in missing if not objects.has(d)]
         if absent:

@@ -94,10 +94,12 @@ def check_endpoint_url(value: object) -> Optional[str]:
         raise InvalidInputError(f"{bad}: it contains whitespace or control characters; use {_ENDPOINT_FORM}")
     try:
         parts = urllib.parse.urlsplit(value)
-        parts.port  # noqa: B018 - raises ValueError for a non-numeric or out-of-range port
+        port = parts.port  # raises ValueError for a non-numeric or out-of-range port
         host = parts.hostname
     except ValueError as e:  # a bad IPv6 literal, a bad port
         raise InvalidInputError(f"{bad}: {e}; use {_ENDPOINT_FORM}") from None
+    if port == 0:  # urlsplit accepts 0-65535; no server listens on port 0 (bug hunt: it was stored)
+        raise InvalidInputError(f"{bad}: port 0 is not a port a server listens on (1-65535); use {_ENDPOINT_FORM}")
     if parts.scheme.lower() not in ("http", "https"):
         raise InvalidInputError(f"{bad}: it must start with http:// or https://; use {_ENDPOINT_FORM}")
     if "@" in parts.netloc:

@@ -16,6 +16,16 @@ Hazards:
 * A remote may serve more bytes than a manifest records for an object (a
   disk-filling attack): a read never goes beyond the recorded size (bounded
   GET, or a size check before a ranged download), and is refused.
+* A remote may name, in a tiny recipe, one chunk many times (a file of zeros
+  does it legitimately): the object it describes can be any size.  With a
+  recorded size (a pull: the manifest's), a recipe or object larger than it
+  is refused before any byte is written; without one (read-through), a
+  download stops with :class:`~casstore.errors.DiskFullError` before it would
+  leave the store's filesystem less than :func:`space_floor` free (checked
+  before it starts, from the size the recipe or ``HeadObject`` announces, and
+  again every :data:`SPACE_RECHECK` bytes written), as a fetch does
+  (``casstore/pipelines/fetch.py``).  Hazard (found by a bug hunt): a 36 KB
+  recipe made a read-through ``get`` write 900 MiB before its hash check failed.
 * A durable pull must not pay an fsync per object: verified objects are
   staged unsynced and published in batches by
   :meth:`LocalObjects.publish_batch` (one ``syncfs`` before the renames, one
@@ -25,6 +35,7 @@ Hazards:
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import threading
@@ -33,10 +44,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_c
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
-from .._fs import Beside, Staging, pread_upto, pwrite_all, run_beside
+from .._fs import FLOOR_EXEMPT, Beside, Staging, free_bytes, pread_upto, pwrite_all, run_beside, space_floor
 from ..codecs import RAW
 from ..digest import Digest, hash_bytes, hash_fd, new_hasher
-from ..errors import CasstoreError, IntegrityError, ObjectNotFoundError
+from ..errors import CasstoreError, DiskFullError, IntegrityError, ObjectNotFoundError
 from ..objects.chunking import ChunkIndex, ChunkRef, Recipe
 from ..objects.local import LocalObjects, StagedObject
 from ..objects.reader import open_object_file
@@ -250,6 +261,30 @@ class Publisher:
             it.staging.abort()
 
 
+SPACE_RECHECK = 256 << 20
+"""Bytes a chunked download writes between two looks at free space (parallel downloads share the disk)."""
+
+
+def _check_room(src: S3Objects, dst: LocalObjects, d: Digest, size: int, written: int = 0) -> None:
+    """:class:`DiskFullError` (before writing more) if the ``size - written`` bytes still to come would leave
+    less than :func:`space_floor` free under the store."""
+    if size <= FLOOR_EXEMPT:
+        return
+    free = free_bytes(dst.root)
+    if free is None:  # unknown (statvfs failed): ENOSPC on write is still a DiskFullError
+        return
+    floor = space_floor(dst.root)
+    if size - written > free - floor:
+        raise DiskFullError(
+            f"{src.connection.where}: object {d} is {size:,} bytes (as the remote describes it), more than the store "
+            f"at {dst.root} can take: only {free:,} bytes are free there, and a download leaves {floor:,} free "
+            "for everyone else; nothing was stored. Free space (casstore gc, store.limit), or if the object cannot "
+            f"be that large, its recipe or key on the remote is hostile or damaged: delete it ({src.url(d)} or "
+            "its recipe) and push it again from a good copy",
+            errno.ENOSPC,
+        )
+
+
 def _too_large(src: S3Objects, d: Digest, recorded: int, size: int) -> IntegrityError:
     return IntegrityError(
         f"{src.connection.where}: object {src.url(d)} is larger ({size} bytes or more) than the {recorded} bytes "
@@ -326,12 +361,14 @@ def _download_chunked(src: S3Objects, dst: LocalObjects, recipe: Recipe, size_hi
     d = recipe.digest
     if size_hint is not None and recipe.size > size_hint:
         raise _too_large(src, d, size_hint, recipe.size)
+    _check_room(src, dst, d, recipe.size)  # the recipe may repeat one chunk without end (module docstring)
     index = ChunkIndex(dst.root)
     seen = index.find({c.digest for c in recipe.chunks})
     first: Dict[Digest, ChunkRef] = {}  # each chunk's first occurrence, in recipe order
     for c in recipe.chunks:
         first.setdefault(c.digest, c)
     fetched = 0
+    written = checked = 0
     hasher = new_hasher()
     st = dst.stage("pull")
     try:
@@ -352,6 +389,10 @@ def _download_chunked(src: S3Objects, dst: LocalObjects, recipe: Recipe, size_hi
             todo = iter(first.values())
             try:
                 for c in recipe.chunks:
+                    if written - checked >= SPACE_RECHECK:
+                        _check_room(src, dst, d, recipe.size, written)
+                        checked = written
+                    written += c.length
                     while len(ahead) < CHUNK_WINDOW and (nxt := next(todo, None)) is not None:
                         ahead.append((nxt, ex.submit(bring, nxt)))
                     at = first[c.digest].offset
@@ -427,6 +468,9 @@ def _download_whole(src: S3Objects, dst: LocalObjects, d: Digest, size_hint: Opt
         info = src.stat(d)  # before a ranged download: never fetch more than the manifest records
         if info.size > size_hint:
             raise _too_large(src, d, size_hint, info.size)
+    if size_hint is None:
+        info = src.stat(d)  # the size the server announces: the download writes no more (S3Connection.download)
+    _check_room(src, dst, d, info.size)
     # Large: parallel ranged download into a staging file, then hash the staged bytes.
     st = dst.stage("pull")
     try:
