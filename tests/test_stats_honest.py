@@ -182,3 +182,22 @@ def test_a_missing_object_counts_in_logical_not_stored(store: casstore.Store) ->
     assert u.live_missing == 1 and u.live_objects == 2
     assert u.live_logical_bytes == u.live_unique_bytes == 3_000  # the size the entry records
     assert u.live_stored_bytes == 1_000 and u.by_name[0].missing == 1
+
+
+def test_a_pin_whose_version_is_corrupt_is_said_not_silently_unreferenced(
+        store: casstore.Store, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a bug hunt: du showed the pin with 0 entries and its data as "unreferenced (see `casstore gc`)"
+    without a word; gc (rightly) refuses, so the listing must say why."""
+    with store.edit("paper") as m:
+        m["w"] = store.put(os.urandom(100_000))
+    v = store.freeze("paper")
+    p = store.path(v)
+    os.chmod(p, 0o644)
+    data = bytearray(p.read_bytes())
+    data[-1] ^= 1
+    p.write_bytes(bytes(data))
+    with caplog.at_level("WARNING"):
+        u = store.usage()
+    assert [n.entries for n in u.by_name] == [0]  # counted as it is ...
+    said = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
+    assert len(said) == 1 and "pin 'paper'" in said[0] and "casstore verify" in said[0]  # ... and said, once
