@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import textwrap
 import time
 from pathlib import Path
 from typing import Any, Dict
 
-from conftest import PRELOAD, run_py
+from conftest import PRELOAD, run_as_nobody, run_py
 
 import casstore
 
@@ -126,3 +127,26 @@ def test_private_store_is_not_writable_by_the_group(world_dir: Path) -> None:
     out = other_user(s.root)
     assert not out["ok"]
     assert "Permission" in out["error"] or "ReadOnly" in out["error"], out
+
+
+def test_gc_by_a_member_leaves_others_objects_when_tmp_is_sticky(world_dir: Path) -> None:
+    """Found by a bug hunt: with tmp/ made sticky (an admin's habit for shared dirs), a member's gc moved
+    another user's object into tmp/, could neither unlink it nor move it back, and failed "unexpectedly"."""
+    root = world_dir / "s"
+    s = casstore.open(root)
+    d = s.put(b"junk" * 100)  # garbage, owned by root
+    old = time.time() - 7200
+    for dirpath, _dirs, files in os.walk(root / "objects"):
+        for f in files:
+            os.utime(os.path.join(dirpath, f), (old, old))
+    subprocess.run(["chmod", "-R", "a+rwX", str(root)], check=True)
+    os.chmod(root / "tmp", 0o1777)
+    out = run_as_nobody("""
+        import casstore
+        s = casstore.open(sys.argv[1])
+        r = s.plan_gc(grace=0).execute()
+        out = {"deleted": [str(x) for x in r.deleted], "skipped": {str(k): v for k, v in r.skipped.items()}}
+    """, str(root))
+    assert out["deleted"] == [] and "tmp/ is sticky" in out["skipped"][str(d)]
+    assert s.get(d) == b"junk" * 100 and not [p for p in (root / "tmp").iterdir() if p.name.endswith(".gc")]
+    assert s.plan_gc(grace=0).execute().deleted == (d,)  # its owner's gc collects it

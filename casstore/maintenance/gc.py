@@ -467,6 +467,15 @@ def _execute(plan: GCPlan, *, timeout: Optional[float], progress: Optional[bool]
     freed = 0
     gone = 0
     durable = store.durable
+    # Hazard (found by a bug hunt): in a store whose tmp/ was made sticky, another member's object moved
+    # into tmp/ can be neither unlinked nor moved back there: gc failed "unexpectedly" and left it in
+    # tmp/.  Such an object is left in place (its owner's gc collects it); one lstat each, only then.
+    me = os.geteuid()
+    try:
+        tst = os.stat(tmp)
+        sticky = bool(tst.st_mode & stat_mod.S_ISVTX) and me != 0 and tst.st_uid != me
+    except OSError:
+        sticky = False
     with gc_lock(store, timeout=timeout), \
             Progress(len(plan.files), desc="gc", unit="files", enabled=progress) as bar:
         live = compute_live(store.objects, store.refs, plan.keep_history)  # re-read every root under the lock
@@ -496,6 +505,16 @@ def _execute(plan: GCPlan, *, timeout: Optional[float], progress: Optional[bool]
                 if dir_fd is None:  # its fan-out directory is gone or was swapped for a link: never followed
                     gone += 1
                     continue
+                if sticky:
+                    try:
+                        owner = os.lstat(name, dir_fd=dir_fd).st_uid
+                    except FileNotFoundError:
+                        gone += 1
+                        continue
+                    if owner != me:
+                        skipped[d] = ("another user's file, and tmp/ is sticky: this user cannot delete it "
+                                      "there; left alone (its owner's gc collects it, or `chmod -t` tmp/)")
+                        continue
                 seq += 1
                 grave = f"{grave_prefix}{seq:08x}.gc"
                 try:
