@@ -14,6 +14,8 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
@@ -131,6 +133,34 @@ def run_as_nobody(code: str, *args: str, timeout: float = 60) -> Dict[str, Any]:
     assert line, r.stdout + r.stderr
     result: Dict[str, Any] = json.loads(line[-1][len("RESULT "):])
     return result
+
+
+@contextmanager
+def held_elsewhere(lock: Any) -> Iterator[Any]:
+    """Hold ``lock`` (a casstore FileLock) on another thread for the ``with`` block: another holder.
+
+    (This thread asking for a lock it holds itself is a ``LockCycleError`` at once, never a wait.)
+    """
+    taken, done = threading.Event(), threading.Event()
+    errors: List[BaseException] = []
+
+    def hold() -> None:
+        try:
+            with lock:
+                taken.set()
+                done.wait(120)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+            taken.set()
+
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    assert taken.wait(30) and not errors, errors
+    try:
+        yield lock
+    finally:
+        done.set()
+        t.join(30)
 
 
 def counting_hash_fd(monkeypatch: pytest.MonkeyPatch) -> List[int]:

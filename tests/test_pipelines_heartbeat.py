@@ -23,6 +23,7 @@ from _fetch_helpers import (
     sleepy_fn,
     wait_until,
 )
+from conftest import held_elsewhere
 
 import casstore
 from casstore._lock import read_holder
@@ -123,7 +124,7 @@ def test_waiter_times_out_on_a_dead_holder_whose_lock_lives_on(setup: Any) -> No
 
 def test_holders_without_heartbeat_time_out_as_before(setup: Any) -> None:
     _root, store, src, counter = setup
-    with store.refs.lock("edited"):  # an edit's lock: held for milliseconds, no heartbeat record
+    with held_elsewhere(store.refs.lock("edited")):  # an edit's lock: held for milliseconds, no heartbeat record
         assert read_holder(store.refs.lock("edited").path) is None
         t0 = time.monotonic()
         with pytest.raises(LockTimeout, match="records no heartbeat"):

@@ -134,10 +134,14 @@ def test_push_killed_from_outside_at_a_random_moment(tmp_path: Path, remote: cas
     there = object_keys(seaweed, remote)
     assert len(there) < 301 and ref_keys(seaweed, remote) == []
     check_remote_consistent(seaweed.client(), remote.url)  # no ref: nothing may point at anything missing
+    # Only a key that holds its object's whole size counts as there: a PUT cut off by the kill that the
+    # server kept anyway would be replaced (seen once in a loaded full run: 56 present of 57 keys).
+    sizes = {remote.objects.key(d): a.stat(d).size for d in a.iter_objects()}
+    whole = [k for k, size in there.items() if sizes.get(k) == size]
     remote.requests.clear()
     rep = a.push(remote, "h")
     # An upload in flight at the kill may still have landed after the snapshot above.
-    assert rep.present >= len(there) and rep.present + rep.objects == 301
+    assert rep.present >= len(whole) and rep.present + rep.objects == 301, (there, whole)
     assert remote.requests["PutObject"] == rep.objects + 2  # + the push marker
     check_remote_consistent(seaweed.client(), remote.url)
 

@@ -11,6 +11,7 @@ from typing import Dict, Iterator
 
 import pytest
 from _fetch_helpers import Server, serve
+from conftest import held_elsewhere
 
 import casstore
 from casstore.errors import InvalidInputError, StoreFormatError
@@ -311,8 +312,8 @@ def test_lock_timeout_setting_applies(home: Path, monkeypatch: pytest.MonkeyPatc
     store = casstore.open(home / "store", durable=False)
     src = store.put(b"x")
     monkeypatch.setenv("CASSTORE_LOCK_TIMEOUT", "0.2")
-    held = store.refs.lock("busy", timeout=1)  # the lock derive("busy") takes (the name's lock)
-    # flock locks are per open file description, so a second one in this process conflicts too.
-    with held:
+    # The lock derive("busy") takes (the name's lock), held by another thread (this thread asking for a
+    # lock it holds itself is a LockCycleError at once, whatever the timeout).
+    with held_elsewhere(store.refs.lock("busy", timeout=1)):
         with pytest.raises(LockTimeout, match="0.2s"):
             store.derive("busy", inputs={"x": src}, fn=lambda i, o: None)

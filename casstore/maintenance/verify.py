@@ -262,7 +262,11 @@ def _check_open(f: ObjFile, fd: int, size: int, expected: Optional[int], fast: b
             # or hand-written version)?  Sizes cannot tell: the hash decides, for this file only.
             # Hazard (found by a bug hunt): `verify --fast --repair` moved a good object to bad/
             # because one entry of one manifest said 3 bytes.
-            return _check_open(f, fd, size, expected, False)
+            r = _check_open(f, fd, size, expected, False)
+            if r.status != "ok" and "manifest says" not in r.problem:
+                what = "has" if codec.byte_exact else "holds"
+                r = r._replace(problem=f"{r.problem}; it {what} {usize} bytes but a manifest says {expected}")
+            return r
         return _Check("ok", 0, "", usize)
     # Full mode: the hash decides.  A manifest entry's size can be wrong (an entry
     # recorded with allow_missing, a pulled manifest); a file whose bytes hash to
