@@ -231,17 +231,27 @@ def test_ranged_open_fetches_only_the_ranges_read(tmp_path: Path, remote: cassto
     assert os.listdir(b.root / "tmp") == []
 
 
-def test_ranged_full_read_of_a_tampered_object_raises_before_the_end(tmp_path: Path, remote: casstore.Remote,
-                                                                     seaweed: Any) -> None:
+def _pushed_big(tmp_path: Path, remote: casstore.Remote) -> Tuple[bytes, casstore.Digest]:
+    """6 MiB of random bytes put in store ``a`` as head 'big' and pushed: (bytes, digest)."""
     a = casstore.open(tmp_path / "a")
     big = os.urandom(6 * MiB)
     d = a.put(big)
     with a.edit("big") as m:
         m["big"] = d
     a.push(remote, "big")
+    return big, d
+
+
+def _tamper_last_byte(seaweed: Any, remote: casstore.Remote, d: casstore.Digest, big: bytes) -> None:
     bad = bytearray(big)
     bad[-1] ^= 1
     seaweed.client().put_object(Bucket=BUCKET, Key=_key(remote, d), Body=bytes(bad))
+
+
+def test_ranged_full_read_of_a_tampered_object_raises_before_the_end(tmp_path: Path, remote: casstore.Remote,
+                                                                     seaweed: Any) -> None:
+    big, d = _pushed_big(tmp_path, remote)
+    _tamper_last_byte(seaweed, remote, d, big)
     b = _ranged(tmp_path, remote)
     got = bytearray()
     with pytest.raises(IntegrityError, match="corrupt"):
@@ -256,12 +266,7 @@ def test_ranged_full_read_of_a_tampered_object_raises_before_the_end(tmp_path: P
 def test_ranged_seek_back_to_the_start_verifies_again(tmp_path: Path, remote: casstore.Remote,
                                                      seaweed: Any) -> None:
     """Size by seek(0, SEEK_END), seek(0), read it all: the tampered object raises, as ObjectReader does."""
-    a = casstore.open(tmp_path / "a")
-    big = os.urandom(6 * MiB)
-    d = a.put(big)
-    with a.edit("big") as m:
-        m["big"] = d
-    a.push(remote, "big")
+    big, d = _pushed_big(tmp_path, remote)
     b = _ranged(tmp_path, remote)
     with b.open(d) as f:  # the genuine object: verified and kept after the seeks
         f.read(100)
@@ -269,9 +274,7 @@ def test_ranged_seek_back_to_the_start_verifies_again(tmp_path: Path, remote: ca
         f.seek(0)
         assert f.read() == big
     assert b.objects.has(d)  # kept: the full read after the seek back was verified
-    bad = bytearray(big)
-    bad[-1] ^= 1
-    seaweed.client().put_object(Bucket=BUCKET, Key=_key(remote, d), Body=bytes(bad))
+    _tamper_last_byte(seaweed, remote, d, big)
     c = _ranged(tmp_path, remote, "c")
     with pytest.raises(IntegrityError, match="corrupt"):
         with c.open(d) as f:

@@ -297,22 +297,17 @@ class ChunkIndex:
         with self._db() as con:
             if con is None:
                 return {}
-            for i in range(0, len(todo), 500):
-                part = todo[i:i + 500]
-                got = con.execute(f"SELECT chunk, object, off, len FROM chunks WHERE object IN "
-                                  f"({','.join('?' * len(part))})", [d.raw for d in part]).fetchall()
-                for c, o, off, n in got:
-                    if isinstance(c, bytes) and isinstance(o, bytes) and len(c) == 32 and len(o) == 32:
-                        rows.setdefault(Digest(o.hex()), []).append((int(off), int(n), c))
+            for chunk, o, off, n in _rows_where(con, "object", todo):
+                rows.setdefault(o, []).append((off, n, chunk.raw))
         out: Dict[Digest, Recipe] = {}
         for d, parts in rows.items():
             parts.sort()
             at = 0
             chunks: List[ChunkRef] = []
-            for off, n, c in parts:
+            for off, n, raw in parts:
                 if off != at or not 0 < n <= MAX_CHUNK:
                     break
-                chunks.append(ChunkRef(Digest(c.hex()), off, n))
+                chunks.append(ChunkRef(Digest(raw.hex()), off, n))
                 at += n
             if at == sizes[d] and len(chunks) == len(parts):
                 out[d] = Recipe(d, at, tuple(chunks))
@@ -324,12 +319,20 @@ class ChunkIndex:
         with self._db() as con:
             if con is None:
                 return out
-            todo: Sequence[Digest] = list(chunks)
-            for i in range(0, len(todo), 500):
-                part = todo[i:i + 500]
-                rows = con.execute(f"SELECT chunk, object, off, len FROM chunks WHERE chunk IN "
-                                   f"({','.join('?' * len(part))})", [d.raw for d in part]).fetchall()
-                for c, o, off, n in rows:
-                    if isinstance(c, bytes) and isinstance(o, bytes) and len(c) == 32 and len(o) == 32:
-                        out[Digest(c.hex())] = (Digest(o.hex()), int(off), int(n))
+            for c, o, off, n in _rows_where(con, "chunk", list(chunks)):
+                out[c] = (o, off, n)
         return out
+
+
+def _rows_where(con: sqlite3.Connection, column: str, digests: Sequence[Digest]
+                ) -> Iterator[Tuple[Digest, Digest, int, int]]:
+    """``(chunk, object, offset, length)`` of the index rows whose ``column`` ("chunk" or "object") is one of
+    ``digests``, 500 per query (SQLite's variable limit); malformed rows (hostile or damaged) skipped."""
+    assert column in ("chunk", "object")
+    for i in range(0, len(digests), 500):
+        part = digests[i:i + 500]
+        got = con.execute(f"SELECT chunk, object, off, len FROM chunks WHERE {column} IN "
+                          f"({','.join('?' * len(part))})", [d.raw for d in part]).fetchall()
+        for c, o, off, n in got:
+            if isinstance(c, bytes) and isinstance(o, bytes) and len(c) == 32 and len(o) == 32:
+                yield Digest(c.hex()), Digest(o.hex()), int(off), int(n)
