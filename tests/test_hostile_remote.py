@@ -394,3 +394,30 @@ def test_a_body_that_trickles_fails_in_bounded_time(tmp_path: Path, aws_credenti
     finally:
         stop.set()
         srv.shutdown()
+
+
+def test_a_pulled_version_with_a_key_that_is_also_a_directory_is_refused(tmp_path: Path, remote: casstore.Remote,
+                                                                         seaweed: Any) -> None:
+    """Found by a bug hunt: keys "a" and "a/b" (edit refuses the pair) came in by pull as a head that
+    could never be checked out."""
+    client = seaweed.client()
+    obj = b"payload"
+    oh = bytes.fromhex(put_object_bytes(client, remote.url, obj))
+    for keys in (["a", "a/b"], ["a", "a-b", "a/b/c"]):  # (not neighbours in key order)
+        man = msgpack.packb({"casstore": "manifest", "entries": {k: [oh, len(obj)] for k in keys}, "meta": {},
+                             "parent": None, "v": 1}, use_bin_type=True)
+        h = put_object_bytes(client, remote.url, man)
+        put_key(client, remote.url, "refs/heads/exp", f"blake3:{h}\n".encode())
+        s = casstore.open(tmp_path / f"s{len(keys)}")
+        with pytest.raises(casstore.StoreFormatError, match=r"key 'a' and the key 'a/b.*' under it"):
+            s.pull(remote, "exp")
+        assert s.heads() == {}
+
+
+def test_file_dir_clash_finds_the_pair_wherever_it_is() -> None:
+    from casstore.manifests.model import file_dir_clash
+
+    assert file_dir_clash(["a", "a-b", "a.c", "a/b"]) == ("a", "a/b")
+    assert file_dir_clash(["x/y/z", "x/y"]) == ("x/y", "x/y/z")
+    assert file_dir_clash(["a/b", "a/c", "ab", "b/a"]) is None
+    assert file_dir_clash([]) is None

@@ -102,6 +102,7 @@ __all__ = [
     "build_tree",
     "shape_for_store",
     "walk_tree",
+    "file_dir_clash",
     "clear_node_cache",
     "MAX_KEY_BYTES",
     "MAX_SEGMENT_BYTES",
@@ -1520,6 +1521,28 @@ def shape_for_store(entries: EntryMap, objects: NodeSource) -> Tuple[EntryMap, L
     nodes = entries.pending_nodes()
     # Stored from now on: readers of this map read them from the store (and pending can be dropped).
     return TreeEntryMap._make(entries._root, entries._level, _Reader(objects, {}, entries._reader.what)), nodes
+
+
+def file_dir_clash(keys: Iterable[str]) -> Optional[Tuple[str, str]]:
+    """The first ``(key, key under it)`` pair among ``keys`` where one key is also the directory of another
+    (``"a"`` and ``"a/b"``: such a version can never be checked out), or ``None``.
+
+    ``edit`` refuses the pair when a key is added; a version from elsewhere (a pull) is checked whole with
+    this: one set of the keys and a lookup per directory level of each key.
+    """
+    have: Set[str] = set()
+    nested: List[str] = []
+    for k in keys:
+        have.add(k)
+        if "/" in k:
+            nested.append(k)
+    for k in nested:
+        at = k.find("/")
+        while at >= 0:
+            if k[:at] in have:
+                return k[:at], k
+            at = k.find("/", at + 1)
+    return None
 
 
 def walk_tree(entries: EntryMap, seen: Set[bytes]) -> Iterator[Tuple[str, str, Optional[int]]]:

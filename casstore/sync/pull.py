@@ -41,7 +41,7 @@ from ..errors import (
     RemoteConflictError,
     StoreFormatError,
 )
-from ..manifests.model import ManifestDoc, decode_manifest, load_manifest, walk_tree
+from ..manifests.model import ManifestDoc, decode_manifest, file_dir_clash, load_manifest, walk_tree
 from ..refs import validate_name
 from .merge import is_ancestor, merge_versions
 from .readthrough import RemoteUpstream
@@ -134,6 +134,17 @@ def _remote_versions(store: Store, rem: Remote, d: Digest, *, history: bool,
                 # anything is stored; nodes shared with a version already walked are skipped.
                 for _ in walk_tree(doc.entries, nodes.seen):
                     pass
+            if first:
+                # Hazard (found by a bug hunt): a version with keys "a" and "a/b" (edit refuses the pair;
+                # a remote may hold anything) was pulled as a head that could never be checked out.
+                clash = file_dir_clash(doc.entries.keys())
+                if clash is not None:
+                    raise StoreFormatError(
+                        f"{rem.describe()}: manifest version {rem.objects.url(cur)} has the key {clash[0]!r} "
+                        f"and the key {clash[1]!r} under it (a file and a directory at once): it could never be "
+                        "checked out; refused (nothing of this pull was stored). Fix it where it was made and "
+                        "push again"
+                    )
         if top is None:
             top = doc
         if not history:
