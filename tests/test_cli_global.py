@@ -507,3 +507,21 @@ def test_cli_errors_name_flags_not_python_keywords(tmp_path: Path) -> None:
     assert "--replace" in errors[1] and "`casstore put`" in errors[2] and "--keep-history" in errors[5], errors
     for python in ("replace=True", "put_path", "keep_history", "=True"):
         assert python not in text, text
+
+
+def test_status_against_a_name_that_does_not_exist_says_so(tmp_path: Path) -> None:
+    """Found by a bug hunt: a mistyped name listed every file as "added", silently (exit 0 stays: it is a
+    valid comparison with nothing)."""
+    root = tmp_path / "s"
+    casstore.open(root).add("real", _folder(tmp_path))
+    r = cli(tmp_path, "--store", str(root), "status", "raal", str(tmp_path / "d"))
+    assert r.returncode == 0 and r.stdout.startswith("added") and "no head or pin named 'raal'" in r.stderr
+    r = cli(tmp_path, "--store", str(root), "status", "real", str(tmp_path / "d"))
+    assert r.returncode == 0 and r.stdout.startswith("clean") and r.stderr == ""
+
+
+def _folder(tmp_path: Path) -> Path:
+    d = tmp_path / "d"
+    d.mkdir(exist_ok=True)
+    (d / "f.txt").write_text("x")
+    return d

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Dict, List, Tuple
 
 from ..errors import FileChangedError, FrozenError, InvalidInputError
@@ -83,6 +84,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"skipped   {printable(s.path)}: {s.reason}")
     if not st:
         print(f"clean: {len(st.unchanged)} file(s) unchanged")
+    elif st.version is None and not args.version:
+        # (found by a bug hunt: a mistyped name listed every file as "added", silently)
+        print(f"casstore: note: no head or pin named {printable(args.name)!r} yet, so every file is new "
+              "(`casstore ls` lists the names)", file=sys.stderr)
     return 0
 
 

@@ -146,7 +146,7 @@ def _print_report(report: TransferReport, args: argparse.Namespace) -> None:
         return
     for ref, what in report.refs.items():
         print(f"{ref}: {what}")
-    print(f"{report.objects} object(s), {report.bytes / (1 << 20):.1f} MiB transferred; "
+    print(f"{report.objects} object(s), {human_bytes(report.bytes)} transferred; "
           f"{report.present} already there; {report.seconds:.1f} s", file=sys.stderr)
 
 
