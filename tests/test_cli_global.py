@@ -525,3 +525,15 @@ def _folder(tmp_path: Path) -> Path:
     d.mkdir(exist_ok=True)
     (d / "f.txt").write_text("x")
     return d
+
+
+def test_add_and_status_report_each_skipped_file_once(tmp_path: Path) -> None:
+    """Found by a bug hunt: the library's warning and the command's own line both reached the terminal."""
+    root = tmp_path / "s"
+    casstore.open(root)
+    d = _folder(tmp_path)
+    os.symlink("/etc/hostname", d / "link")
+    for args in (["add", "x", str(d)], ["status", "x", str(d)]):
+        r = cli(tmp_path, "--store", str(root), *args)
+        assert r.returncode == 0, r.stderr
+        assert (r.stdout + r.stderr).count("skipped") == 1 and "skipped" in r.stdout, (r.stdout, r.stderr)

@@ -7,9 +7,11 @@ Both go through the :class:`~casstore.Store` facade.  Errors name CLI flags
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import sys
-from typing import Dict, List, Tuple
+from typing import Dict, Iterator, List, Tuple
 
 from ..errors import FileChangedError, FrozenError, InvalidInputError
 from ..folders import Skipped
@@ -34,13 +36,33 @@ def _skipped_docs(skipped: Tuple[Skipped, ...]) -> List[Dict[str, str]]:
     return [{"path": s.path, "reason": s.reason} for s in skipped]
 
 
+class _PrintedSkips(logging.Filter):
+    """Drops the library's per-file "skipped" warnings while a command that prints them itself runs
+    (found by a bug hunt: each skipped file was reported twice on a terminal)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: skipped %s: %s")
+
+
+@contextlib.contextmanager
+def _skips_printed_here() -> Iterator[None]:
+    quiet = _PrintedSkips()
+    folders_log = logging.getLogger("casstore.folders")
+    folders_log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        folders_log.removeFilter(quiet)
+
+
 def cmd_add(args: argparse.Namespace) -> int:
     """``casstore add NAME DIR [-m MSG] [--meta k=v ...] [--exclude GLOB ...] [--json]``."""
     store = open_from_args(args)
     meta = dict(args.meta) if args.meta else None
     try:
-        r = store.add(args.name, args.dir, message=args.message, meta=meta, exclude=args.exclude,
-                      progress=None if not args.json else False)
+        with _skips_printed_here():
+            r = store.add(args.name, args.dir, message=args.message, meta=meta, exclude=args.exclude,
+                          progress=None if not args.json else False)
     except InvalidInputError as e:
         raise InvalidInputError(_cli_hint(e)) from None
     except FileChangedError as e:
@@ -68,8 +90,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     """``casstore status NAME DIR [--version NAME~N] [--exclude GLOB ...] [--json]``."""
     store = open_from_args(args)
     try:
-        st = store.status(args.name, args.dir, version=args.version, exclude=args.exclude,
-                          progress=None if not args.json else False)
+        with _skips_printed_here():
+            st = store.status(args.name, args.dir, version=args.version, exclude=args.exclude,
+                              progress=None if not args.json else False)
     except InvalidInputError as e:
         raise InvalidInputError(_cli_hint(e)) from None
     if args.json:
