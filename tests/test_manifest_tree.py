@@ -22,7 +22,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Set
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import _seaweed
 import msgpack
@@ -63,7 +63,7 @@ def fill(store: casstore.Store, name: str, n: int) -> List[casstore.Digest]:
 
 
 def node_digests(entries: EntryMap) -> Set[str]:
-    return {h for k, h, _s in walk_tree(entries, set()) if not k}
+    return {h for k, h, _s in walk_tree(entries, {}) if not k}
 
 
 class CountingReads:
@@ -525,7 +525,7 @@ def test_a_damaged_leaf_deep_in_a_large_tree_stops_iteration(tmp_path: Path) -> 
     store = casstore.open(tmp_path / "s")
     fill(store, "x", 3000)
     man = store.manifest("x")
-    leaves = [h for k, h, _s in walk_tree(man.entries, set()) if not k]
+    leaves = [h for k, h, _s in walk_tree(man.entries, {}) if not k]
     victim = casstore.Digest(leaves[len(leaves) // 2])
     clear_node_cache()
     flip_byte(store.objects.path(victim), 3)
@@ -609,3 +609,59 @@ def test_folder_add_and_status_on_a_tree(tmp_path: Path) -> None:
     store.add("folder", src)
     man = store.manifest("folder")
     assert len(man) == 60 and man["new.txt"].size == 3 and "d2/f002.txt" not in man
+
+
+# -- hostile records of shared nodes (found by a bug hunt) ------------------------------------------
+
+
+def _hostile_sharing(st: casstore.Store, child: int) -> Tuple[casstore.Digest, casstore.Digest, List[casstore.Digest]]:
+    """A valid 5,000-entry tree version B and a hand-made version A whose root is B's, except that its record
+    of child ``child`` claims one entry too many: (A, B, B's data objects)."""
+    import msgpack
+
+    from casstore.manifests.model import pack
+
+    ds = st.put_many([f"data-{i}".encode() for i in range(5000)])
+    with st.edit("tmpB") as m:
+        for i, d in enumerate(ds):
+            m[f"f{i:05d}"] = d
+    assert m.result is not None
+    b = m.result.digest
+    rootd, level, count, total = msgpack.unpackb(st.get(b), raw=False)["tree"]
+    ch = [list(c) for c in msgpack.unpackb(st.get(casstore.Digest(rootd.hex())), raw=False)["children"]]
+    ch[child][2] += 1
+    rd = st.put(pack({"casstore": "manifest-node", "children": ch, "level": level}), compress=False)
+    a = st.put(pack({"casstore": "manifest", "meta": {}, "parent": None, "tree": [rd.raw, level, count + 1, total],
+                     "v": 2}), compress=False)
+    return a, b, ds
+
+
+def test_a_hostile_input_never_makes_gc_delete_a_valid_input_sharing_its_nodes(tmp_path: Path) -> None:
+    """gc deleted 4,763 of B's 5,000 objects: A's walk marked a shared node seen, failed on it, and B's
+    walk skipped the node's subtree."""
+    from casstore.manifests.model import pack
+
+    st = casstore.open(tmp_path / "s", durable=False)
+    a, b, ds = _hostile_sharing(st, 0)
+    st.remove("tmpB")
+    p = st.put(pack({"casstore": "manifest", "entries": {}, "meta": {"casstore.inputs": {
+        "a": {"manifest": str(a)}, "b": {"manifest": str(b)}}}, "parent": None, "v": 1}), compress=False)
+    st.pin("result", p)
+    plan = st.plan_gc(grace=0, keep_history=0)
+    doomed = {f.digest for f in plan.files}
+    assert not doomed & set(ds), len(doomed & set(ds))
+    plan.execute()
+    assert sum(1 for _k, e in st.manifest(str(b)).items() if e.digest in st) == 5000
+
+
+@pytest.mark.parametrize("name", ["AA", "zz"])  # walked before and after the honest head 'tmpB'
+def test_verify_refuses_a_lying_record_of_a_shared_node_whatever_the_name_order(tmp_path: Path, name: str) -> None:
+    st = casstore.open(tmp_path / "s", durable=False)
+    a, b, _ds = _hostile_sharing(st, -1)
+    st.refs.write("heads", name, a)
+    rep = st.verify()
+    assert not rep.ok and a in rep.unreadable, rep.summary()
+    with pytest.raises(casstore.StoreFormatError):
+        st.plan_gc(grace=0)
+    with pytest.raises(casstore.StoreFormatError):  # and diff does not call them the same
+        st.diff(str(b), str(a))

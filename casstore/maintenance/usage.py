@@ -24,7 +24,7 @@ from ..errors import (
     StoreFormatError,
 )
 from ..manifests.graph import Graph, entry_refs, version_refs
-from ..manifests.model import ManifestDoc
+from ..manifests.model import ManifestDoc, SeenNodes
 from ..objects.local import ObjFile
 from ..objects.reader import open_object_file
 
@@ -239,7 +239,7 @@ def usage(store: Store, *, shares: Iterable[str] = ()) -> Usage:
             if doc is not None:
                 objs[d.hex] = 1
                 try:
-                    for key, h, size in version_refs(doc, set()):
+                    for key, h, size in version_refs(doc, {}):
                         objs[h] = 1
                         if not key:  # a tree node: stored bytes of this name, no entry, no logical bytes
                             continue
@@ -260,7 +260,7 @@ def usage(store: Store, *, shares: Iterable[str] = ()) -> Usage:
     referenced_bytes = 0
     referenced: Set[str] = set()
     seen_versions: Set[Digest] = set()
-    hist_nodes: Set[bytes] = set()
+    hist_nodes: SeenNodes = {}
     history_logical = 0
     for name, d in [*(("pin " + k, v) for k, v in pins.items()), *(("head " + k, v) for k, v in heads.items())]:
         cur: Optional[Digest] = d

@@ -74,6 +74,7 @@ from ..errors import (
     StoreFormatError,
 )
 from ..manifests.graph import Graph, compute_live, version_refs
+from ..manifests.model import SeenNodes
 from ..objects.local import LocalObjects, ObjFile
 from ..objects.reader import open_object_file
 from .durations import Duration, parse_duration
@@ -408,7 +409,7 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
     unreadable: Set[str] = set()  # versions that hash fine but do not decode
     g = Graph(objects)
     seen_versions: Set[Digest] = set()
-    walked_nodes: Set[bytes] = set()
+    walked_nodes: SeenNodes = {}
     damaged_refs: List[str] = []
     for kind in ("pins", "heads"):
         listing = store.refs.scan(kind)
@@ -657,7 +658,7 @@ def _misstated_sizes(g: Graph, labels: Mapping[Digest, str], files: List[ObjFile
         return ()
     lines: List[str] = []
     more = 0
-    seen: Set[bytes] = set()
+    seen: SeenNodes = {}
     for v, where in labels.items():
         try:
             doc = g.doc(v, where, required=False)

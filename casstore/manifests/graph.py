@@ -41,7 +41,7 @@ from ..errors import (
 )
 from ..objects.base import ObjectStore
 from ..refs.base import RefStore
-from .model import ManifestDoc, load_manifest, read_parent, refuse_big_non_manifest, walk_tree
+from .model import ManifestDoc, SeenNodes, load_manifest, read_parent, refuse_big_non_manifest, walk_tree
 from .provenance import read_provenance
 
 __all__ = ["Graph", "Live", "compute_live", "entry_refs", "version_refs", "MAX_INPUT_VERSION_BYTES"]
@@ -60,7 +60,7 @@ def entry_refs(doc: ManifestDoc) -> Iterator[Tuple[str, str, Optional[int]]]:
     return doc.entries.hex_items()
 
 
-def version_refs(doc: ManifestDoc, seen: Set[bytes]) -> Iterator[Tuple[str, str, Optional[int]]]:
+def version_refs(doc: ManifestDoc, seen: SeenNodes) -> Iterator[Tuple[str, str, Optional[int]]]:
     """Everything version ``doc`` keeps alive besides itself: ``(key, hex, size)`` of its entries and
     ``("", hex, None)`` of each node object of a tree-shaped version.
 
@@ -78,7 +78,7 @@ class Graph:
         self.objects = objects
         """Where the versions are read from."""
         self._docs: Dict[Digest, ManifestDoc] = {}
-        self.seen_nodes: Set[bytes] = set()
+        self.seen_nodes: SeenNodes = {}
         """Tree nodes already walked (:func:`version_refs`): each shared node is visited once."""
 
     def doc(self, d: Digest, where: str, *, required: bool) -> Optional[ManifestDoc]:

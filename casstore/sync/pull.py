@@ -41,7 +41,7 @@ from ..errors import (
     RemoteConflictError,
     StoreFormatError,
 )
-from ..manifests.model import ManifestDoc, decode_manifest, file_dir_clash, load_manifest, walk_tree
+from ..manifests.model import ManifestDoc, SeenNodes, decode_manifest, file_dir_clash, load_manifest, walk_tree
 from ..refs import validate_name
 from .merge import is_ancestor, merge_versions
 from .readthrough import RemoteUpstream
@@ -73,7 +73,7 @@ class _PullNodes:
         self.local = store.objects
         self.rem = rem
         self.fetched: Dict[Digest, bytes] = {}
-        self.seen: Set[bytes] = set()  # nodes walked: a node shared by several versions is walked once
+        self.seen: SeenNodes = {}  # nodes walked: a node shared by several versions is walked once
 
     def prefetch(self, digests: Iterable[Digest]) -> None:
         """Nothing: only a commit announces nodes, and a pull walks trees through this view, never commits."""

@@ -23,7 +23,7 @@ from .._faults import fault
 from .._progress import Progress
 from ..digest import Digest
 from ..errors import NameExistsError, ObjectNotFoundError, RemoteConflictError, StoreFormatError
-from ..manifests.model import load_manifest, walk_tree
+from ..manifests.model import SeenNodes, load_manifest, walk_tree
 from ..objects.chunking import ChunkIndex
 from ..refs import validate_name
 from ..refs.base import Ref
@@ -188,7 +188,7 @@ def push(store: Store, remote: Union[Remote, str], *names: str, force: bool = Fa
         chains: Dict[Digest, List[Digest]] = {}
         content: Set[Digest] = set()
         expected: Dict[Digest, int] = {}  # sizes the entries record: a remote key of another size is damaged
-        nodes_seen: Set[bytes] = set()
+        nodes_seen: SeenNodes = {}
         for p in plans:
             chain = local_chain(objects, p.digest) if p.kind == "heads" else [p.digest]
             if not chain or not objects.has(p.digest):

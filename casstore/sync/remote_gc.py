@@ -59,7 +59,7 @@ from ..errors import (
     StoreFormatError,
 )
 from ..manifests.graph import Live, compute_live, version_refs
-from ..manifests.model import load_manifest, read_parent
+from ..manifests.model import SeenNodes, load_manifest, read_parent
 from ..objects.base import Buffer, ObjectInfo, ObjectStore
 from ..objects.s3 import CHUNKS, RECIPES, ListedObject, S3Objects
 from .markers import Marker
@@ -247,7 +247,7 @@ def _check_closures(rem: Remote, live: Live, present: Set[str]) -> None:
     """
     g = live.graph
     assert g is not None
-    seen: Set[bytes] = set()
+    seen: SeenNodes = {}
     for label, d in live.roots.items():
         try:
             doc = g.doc(d, label, required=True)
@@ -729,7 +729,7 @@ def remote_usage(rem: Remote) -> RemoteUsage:
         for name, d in named.items():
             try:
                 with RemoteVersions(rem, ahead_bytes=0) as view:  # current versions only: nothing to read ahead
-                    names.append((name, kind, d, list(version_refs(load_manifest(view, d), set()))))
+                    names.append((name, kind, d, list(version_refs(load_manifest(view, d), {}))))
             except (ObjectNotFoundError, IntegrityError, StoreFormatError) as e:
                 raise type(e)(f"{rem.describe()}: {kind} {name!r}: {e}") from None
     chunked = sorted({h for _n, _k, _d, items in names for _key, h, _s in items if h in recipe_size})
