@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import os
 import time
 from datetime import timedelta
@@ -451,3 +452,40 @@ def test_a_parent_link_naming_a_big_data_object_is_never_read_whole(store: casst
     assert ok == "False"  # the pin's history names something that is not a version (verify says so)
     assert int(hwm_kib) < 120 * 1024, r.stdout  # ~40 MB here; reading the object whole took > 200 MB
     assert why == "deleted", r.stdout  # not a version, referenced by no entry: garbage, collected
+
+
+def test_version_addressing_and_ls_never_read_a_big_parent_whole(store: casstore.Store) -> None:
+    """Found by a bug hunt: NAME~N, NAME@HEX and `casstore ls` read a parent link naming 400 MiB of zeros
+    stored compressed whole (846 MB), and counted the data object as a version."""
+    import subprocess
+    import sys
+
+    import msgpack
+
+    big = store.put(bytes(200 << 20), compress=True)
+    with store.edit("h") as m:
+        m["a"] = store.put(b"hello")
+    doc = msgpack.unpackb(store.get(store.manifest("h").digest), raw=False)
+    doc["parent"] = big.raw
+    store.refs.write("heads", "h", store.put(msgpack.packb(doc, use_bin_type=True)))
+    child = (
+        "import sys, json, casstore\n"
+        "from casstore.cli import main\n"
+        "s = casstore.open(sys.argv[1])\n"
+        "out = []\n"
+        "for t in ('h~1', 'h~3', 'h@0'):\n"
+        "    try:\n"
+        "        s.manifest(t); out.append('found')\n"
+        "    except casstore.ManifestNotFoundError as e:\n"
+        "        out.append(str(e))\n"
+        "main(['--store', sys.argv[1], 'ls', '--json'])\n"
+        "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]\n"
+        "print(json.dumps({'out': out, 'hwm': int(hwm)}))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", child, str(store.root)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    rows = json.loads("\n".join(r.stdout.strip().splitlines()[:-1]))
+    assert res["hwm"] < 120 * 1024, res  # ~40 MB; the whole object read took > 200 MB
+    assert all("has 1 version(s)" in o for o in res["out"][:2]), res
+    assert [row["versions"] for row in rows] == [1], rows

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequ
 
 from ..digest import Digest
 from ..errors import CasstoreError, InvalidInputError, InvalidTypeError
-from ..manifests import read_parent
+from ..manifests import looks_like_version, read_parent, refuse_big_non_manifest
 from .durations import parse_duration, parse_size
 
 if TYPE_CHECKING:
@@ -188,9 +188,12 @@ def _count_versions(store: Store, start: Optional[Digest], cap: int) -> Tuple[in
             return n, True
         seen.add(d)
         try:
+            refuse_big_non_manifest(store.objects, d)  # (a parent link may name a huge data object: bug hunt)
             data = store.get(d)
         except (CasstoreError, OSError):
             break  # collected by gc, or damaged: history ends here, as store.history() says
+        if not looks_like_version(data):
+            break  # a parent link naming a data object: not a version, history ends here
         n += 1
         d = read_parent(data)
     return n, False

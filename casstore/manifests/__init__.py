@@ -22,8 +22,10 @@ from .model import (
     decode_manifest,
     encode_manifest,
     load_manifest,
+    looks_like_version,
     put_version,
     read_parent,
+    refuse_big_non_manifest,
     validate_key,
 )
 from .ops import (
@@ -64,7 +66,9 @@ __all__ = [
     "encode_manifest",
     "load_manifest",
     "put_version",
+    "looks_like_version",
     "read_parent",
+    "refuse_big_non_manifest",
     "validate_key",
     "resolve_target",
     "check_new_name",

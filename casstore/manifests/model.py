@@ -85,6 +85,7 @@ __all__ = [
     "NodeSource",
     "check_entries",
     "refuse_big_non_manifest",
+    "looks_like_version",
     "unpack_bounded",
     "pack",
     "UNPACK_ERRORS",
@@ -808,6 +809,15 @@ _PEEK_ABOVE = 16 << 20
 _VERSION_HEAD = b"\xa8casstore\xa8manifest"  # canonical: the sorted keys start with "casstore": "manifest"
 
 
+def looks_like_version(head: Union[bytes, bytearray, memoryview]) -> bool:
+    """Whether bytes beginning with ``head`` (at least their first 32) can be a manifest version: canonical
+    msgpack whose first key is ``"casstore": "manifest"``.  No more than that is checked (a cheap first
+    look before anything is decoded or read whole)."""
+    b = bytes(head[:32])
+    skip = 1 if b[:1] and 0x80 <= b[0] <= 0x8F else 3 if b[:1] == b"\xde" else 5 if b[:1] == b"\xdf" else -1
+    return skip >= 0 and b[skip:skip + len(_VERSION_HEAD)] == _VERSION_HEAD
+
+
 def refuse_big_non_manifest(objects: ObjectStore, d: Digest) -> None:
     """:class:`StoreFormatError` for a large object that does not begin as a manifest version does.
 
@@ -825,8 +835,7 @@ def refuse_big_non_manifest(objects: ObjectStore, d: Digest) -> None:
         return
     with objects.open(d, verify=False) as f:
         head = f.read(32)
-    skip = 1 if head[:1] and 0x80 <= head[0] <= 0x8F else 3 if head[:1] == b"\xde" else 5 if head[:1] == b"\xdf" else -1
-    if skip < 0 or head[skip:skip + len(_VERSION_HEAD)] != _VERSION_HEAD:
+    if not looks_like_version(head):
         raise StoreFormatError(f"object {d} ({size:,} bytes) is not a manifest version (a data object?); "
                                "name a version (NAME, NAME~N, NAME@HEX or a version's digest)")
 

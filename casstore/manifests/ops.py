@@ -68,12 +68,14 @@ from ..errors import (
     AmbiguousDigestError,
     CasstoreError,
     FrozenError,
+    IntegrityError,
     InvalidInputError,
     InvalidTypeError,
     LockTimeout,
     ManifestNotFoundError,
     NameExistsError,
     ObjectNotFoundError,
+    StoreFormatError,
 )
 from ..refs import Ref, validate_name
 from .model import (
@@ -83,8 +85,10 @@ from .model import (
     canonical_map,
     entry_from_raw,
     load_manifest,
+    looks_like_version,
     put_version,
     read_parent,
+    refuse_big_non_manifest,
     validate_key,
 )
 from .provenance import derive_params, input_labels
@@ -542,10 +546,23 @@ def _parent(store: Store, d: Digest) -> Optional[Digest]:
     """The parent link of version ``d`` (read verified, not decoded); ``None`` at the first
     version, or where older versions were collected by gc."""
     try:
+        refuse_big_non_manifest(store.objects, d)
         data = store.objects.read(d, verify=True)
-    except ObjectNotFoundError:
+    except (ObjectNotFoundError, StoreFormatError):
         return None
-    return read_parent(data)
+    p = read_parent(data) if looks_like_version(data) else None
+    if p is None:
+        return None
+    # A parent link names anything its writer chose.  Hazard (found by a bug hunt): NAME~N and NAME@HEX
+    # read a parent that is 400 MiB of zeros stored compressed whole (846 MB) and counted it as a
+    # version.  Only an object that begins as a version is one (its first bytes, read unverified: the
+    # version itself is read verified when it is the one asked for).
+    try:
+        with store.objects.open(p, verify=False) as f:
+            head = f.read(32)
+    except (ObjectNotFoundError, IntegrityError):  # collected by gc; not a regular file (planted)
+        return None
+    return p if looks_like_version(head) else None
 
 
 def _version_of(store: Store, name: str, head: Digest, op: str, arg: str, target: str) -> Digest:
