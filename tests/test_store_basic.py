@@ -549,3 +549,74 @@ def test_stage_fd_of_a_file_not_the_size_it_was_told_is_refused(tmp_path: Path, 
     finally:
         os.close(fd)
     assert os.listdir(s.root / "tmp") == []
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_put_stream_of_a_non_blocking_source_waits_for_all_of_it(store: casstore.Store, compress: bool) -> None:
+    """Found by a bug hunt: read() returning None ("no data yet") was taken for the end of the stream, and
+    a truncated object was published under the digest of what had arrived."""
+    import time
+
+    part = compressible(100_000) if compress else os.urandom(100_000)
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+
+    def writer() -> None:
+        time.sleep(0.3)  # (nothing there at the first read: once it returned None -> "not a binary stream")
+        os.write(w, part)
+        time.sleep(0.3)
+        os.write(w, part)
+        os.close(w)
+
+    th = threading.Thread(target=writer)
+    th.start()
+    try:
+        with io.FileIO(r, "rb") as f:
+            d = store.put_stream(f, compress=compress)
+    finally:
+        th.join(30)
+    assert store.get(d) == part + part
+    assert store.stat(d).codec == ("zstd" if compress else "raw")
+
+
+def test_put_stream_refuses_text_and_waits_only_where_it_can(store: casstore.Store) -> None:
+    class Odd(io.RawIOBase):
+        def __init__(self, answers: list[object]) -> None:
+            super().__init__()
+            self.answers = answers
+
+        def read(self, n: int = -1) -> object:  # type: ignore[override]
+            return self.answers.pop(0) if self.answers else b""
+
+    with pytest.raises(casstore.InvalidTypeError, match="returned str"):  # (after a first good chunk: raw TypeError)
+        store.put_stream(Odd([b"x" * 10, "abc"]))  # type: ignore[arg-type]
+    with pytest.raises(casstore.InvalidTypeError, match="returned str"):
+        store.put_stream(Odd([b"x" * 600, "abc"]), compress=True)  # type: ignore[arg-type]
+    with pytest.raises(casstore.InvalidInputError, match="no file descriptor to wait on"):
+        store.put_stream(Odd([b"x", None]))  # type: ignore[arg-type]
+    assert os.listdir(store.root / "tmp") == []
+
+
+def test_a_stream_whose_first_read_is_tiny_is_sampled_fairly_for_compression(store: casstore.Store) -> None:
+    """Found by a bug hunt: a FIFO whose writer sent a 7-byte header first had its 51 MB of one repeated line
+    stored raw under compress=True (the sample was the 7 bytes)."""
+    body = b"the same line again\n" * 200_000
+    r, w = os.pipe()
+
+    def writer() -> None:
+        os.write(w, b"header\n")
+        import time
+
+        time.sleep(0.2)
+        with open(w, "wb", closefd=True) as f:
+            f.write(body)
+
+    th = threading.Thread(target=writer)
+    th.start()
+    try:
+        with io.FileIO(r, "rb") as f:
+            d = store.put_stream(f, compress=True)
+    finally:
+        th.join(30)
+    info = store.stat(d)
+    assert info.codec == "zstd" and info.stored_size < len(body) // 10 and store.get(d) == b"header\n" + body

@@ -27,6 +27,7 @@ import io
 import logging
 import os
 import re
+import select
 import stat as stat_mod
 import threading
 import time
@@ -92,6 +93,36 @@ __all__ = ["LocalObjects", "Located", "ObjFile", "StagedObject", "HashRecord", "
            "TRUST_SECONDS", "HASHED_DIR"]
 
 CHUNK = 1 << 20  # streaming chunk: bounded memory, large enough for fast hashing
+SAMPLE_MIN = 64 << 10  # bytes of a stream read before its compression sample is taken
+
+
+def read_chunk(stream: IO[bytes], n: int) -> Buffer:
+    """Up to ``n`` bytes from ``stream`` (``b""`` at its end), bytes-like or :class:`InvalidTypeError`.
+
+    Hazard (found by a bug hunt): a non-blocking stream (a pipe inherited with O_NONBLOCK, an event
+    loop's socket) returns ``None`` when it has nothing *yet*; taken for its end, a truncated object was
+    published under the digest of what had arrived.  ``None`` waits until the descriptor is readable
+    (as a blocking read would); a stream without one cannot be waited on and is refused.  A chunk of
+    the wrong type after the first (``str``) is the same typed error as a first one.
+    """
+    while True:
+        try:
+            chunk = stream.read(n)
+        except BlockingIOError:  # (a buffered reader over a non-blocking descriptor may raise instead)
+            chunk = None
+        if chunk is None:
+            try:
+                fd = stream.fileno()
+            except (AttributeError, OSError, ValueError):
+                raise InvalidInputError(
+                    "put_stream(): the stream returned None (non-blocking, no data yet) and has no file "
+                    "descriptor to wait on; pass a blocking stream") from None
+            select.select([fd], [], [])
+            continue
+        if not isinstance(chunk, (bytes, bytearray, memoryview)):
+            raise InvalidTypeError(f"put_stream() needs a *binary* stream (open the file with 'rb'); its read() "
+                                   f"returned {type(chunk).__name__}")
+        return chunk
 _READ_BUFFER = 256 << 10  # BufferedReader size for open(): see LocalObjects.open
 # Below this size a verified read reads then hashes; above it a helper thread
 # hashes while the caller's thread reads.  Starting a thread and mapping windows
@@ -909,13 +940,27 @@ class LocalObjects(ObjectStore):
 
     @_no_space
     def put_stream(self, stream: IO[bytes], *, compress: CompressArg = None) -> Digest:
-        """Store everything readable from a binary stream; return its digest."""
+        """Store everything readable from a binary stream; return its digest.
+
+        A non-blocking stream's ``None`` ("no data yet") is waited on, as a blocking read would be
+        (:func:`read_chunk`); with compression, the sample that decides is at least
+        :data:`SAMPLE_MIN` bytes of the stream (or all of it).
+        """
         if not hasattr(stream, "read"):
             raise InvalidTypeError(f"put_stream() needs a readable binary stream, not {type(stream).__name__}")
         level = self.level_for(compress)
-        first = stream.read(CHUNK)
-        if not isinstance(first, (bytes, bytearray, memoryview)):
-            raise InvalidTypeError("put_stream() needs a *binary* stream (open the file with 'rb')")
+        first: Buffer = read_chunk(stream, CHUNK)
+        if level is not None and first:
+            # The sample decides for the whole stream: a pipe or socket hands out what it has (7 bytes of
+            # a header, then 50 MB), so read on to a fair sample (found by a bug hunt: a FIFO's 51 MB of
+            # one repeated line were stored raw under compress=True).
+            more = bytearray(first)
+            while len(more) < SAMPLE_MIN:
+                got = read_chunk(stream, CHUNK - len(more))
+                if not got:
+                    break
+                more += got
+            first = bytes(more)
         if level is not None and sample_pays(first):
             return self._put_stream_compressed(stream, level, first=bytes(first))
         h = new_hasher(threaded=True)
@@ -924,7 +969,7 @@ class LocalObjects(ObjectStore):
             while chunk:
                 h.update(chunk)
                 st.write(chunk)
-                chunk = stream.read(CHUNK)
+                chunk = read_chunk(stream, CHUNK)
             d = Digest(h.hexdigest())
             if self.touch(d):
                 return d
@@ -948,12 +993,12 @@ class LocalObjects(ObjectStore):
         total = 0
         with io.FileIO(st.fd, "wb", closefd=False) as raw:
             writer = ZSTD.compressor(level).stream_writer(raw, size=size_hint, closefd=False)
-            chunk: Buffer = first or stream.read(CHUNK)
+            chunk: Buffer = first or read_chunk(stream, CHUNK)
             while chunk:
                 h.update(chunk)
                 writer.write(chunk)
                 total += len(chunk)
-                chunk = stream.read(CHUNK)
+                chunk = read_chunk(stream, CHUNK)
             if size_hint >= 0 and total != size_hint:
                 # The frame header promised size_hint bytes; a file that changed
                 # size while read would make a frame that lies: the caller starts over.
