@@ -665,3 +665,16 @@ def test_verify_refuses_a_lying_record_of_a_shared_node_whatever_the_name_order(
         st.plan_gc(grace=0)
     with pytest.raises(casstore.StoreFormatError):  # and diff does not call them the same
         st.diff(str(b), str(a))
+
+
+def test_sizes_that_sum_past_what_a_version_records_are_a_typed_error(tmp_path: Path) -> None:
+    """Found by a bug hunt: 5,000 entries of 2**63 bytes each (allow_missing) failed the commit with a raw
+    OverflowError (the tree's byte totals are uint64)."""
+    from casstore.digest import hash_bytes
+
+    st = casstore.open(tmp_path / "s", durable=False)
+    with pytest.raises(casstore.InvalidInputError, match="sizes sum to .* more than a version can record"):
+        with st.edit("big", allow_missing=True) as m:
+            for i in range(5000):
+                m[f"k{i:05d}"] = casstore.Entry(hash_bytes(b"%d" % i), size=2**63)
+    assert "big" not in st.heads()

@@ -968,6 +968,19 @@ def _size_of(raw: Raw) -> int:
 # -- encoding ---------------------------------------------------------------------------
 
 
+def _total(n: int) -> int:
+    """A node's byte total, which its parent records as a uint64.
+
+    Hazard (found by a bug hunt): entry sizes up to 2**64 - 1 each summed past what msgpack can carry,
+    and a commit (even ``casstore manifest set``) failed with a raw ``OverflowError``.
+    """
+    if n >= _INT_MAX:
+        raise InvalidInputError(f"the entries' sizes sum to {n:,} bytes, more than a version can record "
+                                "(2**64 - 1; no store holds that much): some recorded sizes are wrong; "
+                                "set those entries again (their sizes come from the objects)")
+    return n
+
+
 class _Writer:
     """Encodes new nodes; keeps their bytes (children first) and decoded form until they are stored."""
 
@@ -979,13 +992,13 @@ class _Writer:
         data = pack({"casstore": NODE_KIND, "entries": entries, "level": 0})
         d = hash_bytes(data).raw
         self.new.setdefault(d, (data, 0, entries))
-        return items[-1][0], d, len(items), sum(_size_of(r) for _k, r in items)
+        return items[-1][0], d, len(items), _total(sum(_size_of(r) for _k, r in items))
 
     def internal(self, level: int, refs: List[Ref]) -> Ref:
         data = pack({"casstore": NODE_KIND, "children": [list(r) for r in refs], "level": level})
         d = hash_bytes(data).raw
         self.new.setdefault(d, (data, level, ([r[0] for r in refs], list(refs))))
-        return refs[-1][0], d, sum(r[2] for r in refs), sum(r[3] for r in refs)
+        return refs[-1][0], d, sum(r[2] for r in refs), _total(sum(r[3] for r in refs))
 
 
 class _Builder:
