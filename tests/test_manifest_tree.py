@@ -678,3 +678,27 @@ def test_sizes_that_sum_past_what_a_version_records_are_a_typed_error(tmp_path: 
             for i in range(5000):
                 m[f"k{i:05d}"] = casstore.Entry(hash_bytes(b"%d" % i), size=2**63)
     assert "big" not in st.heads()
+
+
+def test_a_big_version_stored_compressed_is_not_read(tmp_path: Path) -> None:
+    """Found by a bug hunt: 4,000,000 empty maps as metadata (4 MB of msgpack, 223 bytes stored as zstd)
+    cost 600-900 MB in ls, log, gc and verify.  casstore stores versions raw; a compressed one is read only
+    up to 1 MiB."""
+    from casstore.manifests.model import pack
+
+    st = casstore.open(tmp_path / "s", durable=False)
+    d = st.put(b"x")
+    v = st.put(pack({"casstore": "manifest", "entries": {}, "meta": {f"k{i}": {} for i in range(300_000)},
+                     "parent": None, "v": 1}), compress=True)
+    assert st.stat(v).codec == "zstd" and st.stat(v).size > 1 << 20
+    with pytest.raises(casstore.StoreFormatError, match="stored compressed .* not a manifest version casstore made"):
+        st.pin("bomb", v)
+    st.refs.write("heads", "bomb", v)  # (as a hostile writer would)
+    with pytest.raises(casstore.StoreFormatError, match="stored compressed"):
+        st.manifest("bomb")
+    assert not st.verify().ok
+    # A small version stored compressed by hand is still read (what it can hold is bounded).
+    real = pack({"casstore": "manifest", "entries": {"k": [d.raw, 1]}, "meta": {"pad": "p" * 2000}, "parent": None,
+                 "v": 1})
+    w = st.put(real, compress=True)
+    assert st.stat(w).codec == "zstd" and st.manifest(str(w))["k"].digest == d

@@ -804,6 +804,8 @@ def load_manifest(objects: ObjectStore, d: Digest) -> ManifestDoc:
     return doc
 
 
+_COMPRESSED_VERSION_MAX = 1 << 20
+"""A manifest version stored compressed (not by casstore: it stores them raw) is read only up to this size."""
 _PEEK_ABOVE = 16 << 20
 """Objects larger than this are peeked at before they are read whole as a manifest version."""
 _VERSION_HEAD = b"\xa8casstore\xa8manifest"  # canonical: the sorted keys start with "casstore": "manifest"
@@ -828,9 +830,20 @@ def refuse_big_non_manifest(objects: ObjectStore, d: Digest) -> None:
     first bytes.
     """
     try:
-        size = objects.stat(d).size
+        info = objects.stat(d)
     except ObjectNotFoundError:
         return  # the read says so
+    size = info.size
+    if info.codec != "raw" and size > _COMPRESSED_VERSION_MAX:
+        # Hazard (found by a bug hunt): 4,000,000 empty maps as a version's metadata, 4 MB of msgpack
+        # stored as 223 bytes of zstd, cost 600-900 MB in every ls, log, gc and verify (decoding
+        # amplifies ~150x).  casstore stores versions raw (put_version), so a compressed one was put by
+        # hand: only a small one is read.
+        raise StoreFormatError(
+            f"object {d} is stored compressed ({info.stored_size:,} bytes for {size:,}), so it is not a manifest "
+            f"version casstore made (they are stored raw); a compressed version above "
+            f"{_COMPRESSED_VERSION_MAX:,} bytes is not read (a decompression bomb is cheap); put the version "
+            "again uncompressed (compress=False) if it is a real one")
     if size <= _PEEK_ABOVE:
         return
     with objects.open(d, verify=False) as f:
