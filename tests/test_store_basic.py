@@ -620,3 +620,23 @@ def test_a_stream_whose_first_read_is_tiny_is_sampled_fairly_for_compression(sto
         th.join(30)
     info = store.stat(d)
     assert info.codec == "zstd" and info.stored_size < len(body) // 10 and store.get(d) == b"header\n" + body
+
+
+def test_put_of_the_wrong_type_says_what_to_do_for_that_type(store: casstore.Store, tmp_path: Path) -> None:
+    """Found by a bug hunt: put(mmap) advised "encode text first (s.encode())"."""
+    import mmap
+
+    import numpy as np
+
+    p = tmp_path / "m"
+    p.write_bytes(b"mapped bytes")
+    with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        with pytest.raises(casstore.InvalidTypeError, match=r"pass memoryview\(x\) to store this mmap's bytes"):
+            store.put(m)  # type: ignore[arg-type]
+        mv = memoryview(m)
+        assert store.get(store.put(mv)) == b"mapped bytes"
+        mv.release()
+    with pytest.raises(casstore.InvalidTypeError, match="put_array"):
+        store.put(np.arange(3))  # type: ignore[arg-type]
+    with pytest.raises(casstore.InvalidTypeError, match=r"s\.encode\(\)"):
+        store.put("text")  # type: ignore[arg-type]

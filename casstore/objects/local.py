@@ -193,10 +193,17 @@ def as_buffer(data: object, what: str = "put") -> memoryview:
         if not mv.c_contiguous:
             mv = memoryview(mv.tobytes())  # a strided view cannot be cast or written in one piece
         return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
-    raise InvalidTypeError(
-        f"{what}() takes bytes, bytearray or memoryview, not {type(data).__name__}; "
-        "encode text first (s.encode()) or use put_path()/put_stream() for files"
-    )
+    if isinstance(data, str):
+        hint = "encode text first (s.encode())"
+    elif type(data).__module__ == "numpy":
+        hint = "store an array with put_array() (it keeps dtype and shape), or its bytes as memoryview(a)"
+    else:
+        try:  # another buffer (mmap, array.array): say how, not "encode text" (found by a bug hunt)
+            memoryview(data)  # type: ignore[arg-type]
+            hint = f"pass memoryview(x) to store this {type(data).__name__}'s bytes"
+        except TypeError:
+            hint = "use put_path()/put_stream() for files"
+    raise InvalidTypeError(f"{what}() takes bytes, bytearray or memoryview, not {type(data).__name__}; {hint}")
 
 
 @dataclass(frozen=True, slots=True)
