@@ -468,8 +468,23 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> Non
         assert len(p.stdout.read(100)) == 100  # like `| head -c 100`
         p.stdout.close()
         err = p.stderr.read()
-        assert p.wait(timeout=120) == 0, err
+        # Quietly, but not "success" (found by a bug hunt: `verify | head -1` passed a damaged store
+        # under pipefail): 141, as for a tool SIGPIPE killed.
+        assert p.wait(timeout=120) == 141, err
         assert err == b"", err.decode()
+
+
+def test_output_to_a_full_disk_is_a_one_line_error(tmp_path: Path) -> None:
+    """Found by a bug hunt: `casstore get D > /dev/full` and `ls --json > /dev/full` "failed unexpectedly"."""
+    store = tmp_path / "s"
+    s = casstore.open(store)
+    d = s.put(os.urandom(100_000))
+    for args in (("get", str(d)), ("ls", "--objects", "--json")):
+        with open("/dev/full", "wb") as full:
+            r = subprocess.run([PYTHON, "-m", "casstore.cli", "--store", str(store), *args], stdout=full,
+                               stderr=subprocess.PIPE, env=_env(tmp_path), cwd=tmp_path, timeout=120)
+        err = r.stderr.decode()
+        assert r.returncode == 1 and "no space left writing its output" in err and err.count("\n") == 1, err
 
 
 def test_closed_standard_streams(tmp_path: Path) -> None:

@@ -537,3 +537,40 @@ def test_add_and_status_report_each_skipped_file_once(tmp_path: Path) -> None:
         r = cli(tmp_path, "--store", str(root), *args)
         assert r.returncode == 0, r.stderr
         assert (r.stdout + r.stderr).count("skipped") == 1 and "skipped" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_json_output_is_strict_json_even_for_nan_and_infinite_metadata(tmp_path: Path) -> None:
+    """Found by a bug hunt: `manifest show/log/diff --json` printed NaN and Infinity, which are not JSON."""
+    root = tmp_path / "s"
+    s = casstore.open(root)
+    with s.edit("m") as m:
+        m["k"] = casstore.Entry(s.put(b"x"), meta={"w": float("-inf")})
+        m.meta["loss"] = float("nan")
+    with s.edit("m") as m:
+        m.meta["loss"] = float("inf")
+
+    def strict(text: str) -> Any:
+        def refuse(name: str) -> None:
+            raise ValueError(f"not JSON: {name}")
+        return json.loads(text, parse_constant=refuse)
+
+    for args in (["manifest", "show", "m", "--json"], ["log", "m", "--json"], ["diff", "m~1", "m", "--json"]):
+        r = cli(tmp_path, "--store", str(root), *args)
+        assert r.returncode == 0, r.stderr
+        doc = strict(r.stdout)
+        assert "Infinity" in r.stdout or "NaN" in r.stdout, (args, doc)
+
+
+def test_put_never_prints_file_names_raw(tmp_path: Path) -> None:
+    """Found by a bug hunt: a file named "a\\nblake3:000...0  model.bin" made `put *` print a forged line, and
+    an escape sequence in a missing file's name coloured the terminal from the error line."""
+    root = tmp_path / "s"
+    casstore.open(root)
+    forged = tmp_path / ("a\nblake3:" + "0" * 64 + "  model.bin")
+    forged.write_bytes(b"x")
+    (tmp_path / "b.bin").write_bytes(b"y")
+    r = cli(tmp_path, "--store", str(root), "put", str(forged), str(tmp_path / "b.bin"))
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.splitlines()) == 2 and "0" * 64 not in r.stdout.splitlines()[1], r.stdout
+    r = cli(tmp_path, "--store", str(root), "put", str(tmp_path / "nofile\x1b[31mRED"))
+    assert r.returncode == 1 and "\x1b" not in r.stderr and "no such file" in r.stderr and r.stderr.count("\n") == 1

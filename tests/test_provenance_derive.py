@@ -76,3 +76,16 @@ def test_diff_of_two_real_derive_results_shows_params_and_inputs(store: casstore
     assert dict(d.params.changed) == {"cutoff": (5.0, 6.0)} and not d.params.added and not d.params.removed
     assert dict(d.inputs.changed) == {"raw": (str(a), str(b))}
     assert "derive" in d.meta.changed and "casstore.inputs" in d.meta.changed
+
+
+def test_cli_diff_of_two_derive_results_shows_each_change_once(store: casstore.Store,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by a bug hunt: a changed input showed as `input ~ x` and again as `meta ~ derive.inputs.x`."""
+    from casstore.cli import main
+
+    a, b = store.put(b"input a"), store.put(b"input b")
+    store.derive("proc", inputs={"raw": a}, fn=_gunzip_like, params={"cutoff": 5.0})
+    store.derive("proc", inputs={"raw": b}, fn=_gunzip_like, params={"cutoff": 6.0})
+    assert main(["--store", str(store.root), "diff", "proc~1", "proc"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("raw") == 1 and out.count("cutoff") == 1, out

@@ -1,14 +1,19 @@
 """The parser and :func:`main`: error lines, exit codes and the ``--debug`` switch.
 
 Exit codes: 0 ok, 1 an error (one line on stderr), 2 bad usage (argparse),
-130 interrupted.  Without ``--debug`` no traceback is ever printed:
+130 interrupted, 141 output cut short.  Without ``--debug`` no traceback is ever printed:
 
 * a :class:`~casstore.CasstoreError` prints ``casstore: error: MESSAGE [Kind]``;
 * anything else (an ``OSError`` the store did not type, a bug) prints one line
   naming the command and the exception, and asks for ``--debug``;
 * Ctrl-C prints ``casstore COMMAND: interrupted`` and exits 130;
-* a reader that went away (``casstore ls | head``) ends the command quietly
-  (exit 0): the consumer chose to stop reading, nothing failed.
+* a reader that went away (``casstore ls | head``) ends the command quietly,
+  with exit 141, as a tool killed by SIGPIPE (``cat``, ``git``) ends: the
+  command did not finish.  Hazard (found by a bug hunt): with exit 0,
+  ``casstore verify | head -1`` passed a damaged store under ``set -o
+  pipefail``, and ``casstore put f1 ... f5 | head -1`` stored two of five
+  files "successfully";
+* stdout on a full disk (``> /dev/full``) is a typed one-line error, exit 1.
 
 ``--debug`` re-raises instead, so the traceback shows.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import errno
 import logging
 import os
 import select
@@ -146,7 +152,10 @@ def _say(line: str) -> None:
 
 def _first_line(e: BaseException) -> str:
     lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
+    line = lines[0] if lines else type(e).__name__
+    # A message may quote a file name from disk: its escape sequences never reach the terminal raw
+    # (found by a bug hunt: `nofile\x1b[31mRED: no such file` coloured the terminal).
+    return line if line.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
 
 
 def _stdout_reader_gone() -> bool:
@@ -164,6 +173,10 @@ def _stdout_reader_gone() -> bool:
     except (AttributeError, ValueError, OSError):  # no real stdout (in-process capture) or closed
         return False
     return any(ev & (select.POLLERR | select.POLLHUP) for _fd, ev in events)
+
+
+CUT_SHORT = 141
+"""Exit code when stdout's reader went away: 128 + SIGPIPE, as the shell reports a tool SIGPIPE killed."""
 
 
 def _silence_stdout() -> None:
@@ -221,7 +234,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except BrokenPipeError as e:
         if _stdout_reader_gone():
             _silence_stdout()
-            return 0
+            return CUT_SHORT
         if debug:
             raise
         _say(_unexpected(command, e))
@@ -234,6 +247,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as e:
         if debug:
             raise
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            # The store types its own full disks (DiskFullError); what is left is the output: standard
+            # output on a full disk (`> /dev/full`; found by a bug hunt: "failed unexpectedly").
+            _silence_stdout()
+            _say(f"casstore {command}: error: no space left writing its output ({e.strerror}); write it where "
+                 "there is room (-o FILE where the command takes one) [DiskFullError]")
+            return 1
         _say(_unexpected(command, e))
         return 1
 

@@ -308,7 +308,15 @@ def printable(text: str) -> str:
 
 
 def jsonable(value: object) -> object:
-    """``value`` with bytes as hex, tuples as lists, recursively (manifest metadata for ``--json``)."""
+    """``value`` with bytes as hex, tuples as lists, recursively (manifest metadata for ``--json``); a NaN
+    or infinite float as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``.
+
+    Hazard (found by a bug hunt): metadata may hold them (the API keeps floats exactly), and
+    ``json.dumps`` wrote ``NaN`` / ``Infinity``, which are not JSON: strict parsers (Python's with
+    ``parse_constant``, JavaScript's ``JSON.parse``) refused the whole document.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, Mapping):

@@ -286,7 +286,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
             print(f"    {line}")
     # Params and inputs are shown on their own lines, not again as paths inside the derive record.
     for line in (_meta_lines("param", df.params) + _meta_lines("input", df.inputs, show=_show_input)
-                 + _meta_lines("meta", df.meta, skip=(("derive", "params"), (INPUTS_KEY,)))):
+                 + _meta_lines("meta", df.meta, skip=(("derive", "params"), ("derive", "inputs"), (INPUTS_KEY,)))):
         print(line)
     return 0
 

@@ -103,7 +103,8 @@ def cmd_put(args: argparse.Namespace) -> int:
                 bar.update(sizes[name])
             done.append({"file": name, "digest": str(d)})
             if not args.json:
-                print(f"{d}  {name}" if len(args.files) > 1 or args.names else str(d), flush=True)
+                # (found by a bug hunt: a file named "a\nblake3:000...0  model.bin" forged a line of output)
+                print(f"{d}  {printable(name)}" if len(args.files) > 1 or args.names else str(d), flush=True)
     if args.json:
         print(json.dumps(done, indent=2))
     return 0
@@ -119,6 +120,7 @@ def _check_put_args(files: List[str]) -> Dict[str, int]:
     if files.count("-") > 1:
         raise InvalidInputError("'-' (stdin) given more than once; stdin can be read only once")
     for name in files:
+        shown = printable(name)  # (a newline in it would cut the one-line error short)
         if name == "-":
             if sys.stdin is None:  # started with stdin closed (`<&-`)
                 raise InvalidInputError("'-' reads stdin, but stdin is closed")
@@ -126,17 +128,17 @@ def _check_put_args(files: List[str]) -> Dict[str, int]:
         try:
             st = os.stat(name)
         except FileNotFoundError:
-            raise ObjectNotFoundError(f"{name}: no such file; nothing was stored") from None
+            raise ObjectNotFoundError(f"{shown}: no such file; nothing was stored") from None
         except OSError as e:
-            raise InvalidInputError(f"{name}: {e.strerror or e}; nothing was stored") from None
+            raise InvalidInputError(f"{shown}: {e.strerror or e}; nothing was stored") from None
         if stat.S_ISDIR(st.st_mode):
-            raise InvalidInputError(f"{name} is a directory; nothing was stored "
-                                    f"(snapshot a folder with `casstore add NAME {name}`)")
+            raise InvalidInputError(f"{shown} is a directory; nothing was stored "
+                                    f"(snapshot a folder with `casstore add NAME {shown}`)")
         if not stat.S_ISREG(st.st_mode):
-            raise InvalidInputError(f"{name} is not a regular file (a FIFO, socket or device); nothing was stored "
-                                    f"(pipe it in with `casstore put - < {name}`)")
+            raise InvalidInputError(f"{shown} is not a regular file (a FIFO, socket or device); nothing was stored "
+                                    f"(pipe it in with `casstore put - < {shown}`)")
         if not os.access(name, os.R_OK):
-            raise ReadOnlyError(f"{name}: permission denied; nothing was stored")
+            raise ReadOnlyError(f"{shown}: permission denied; nothing was stored")
         sizes[name] = st.st_size
     return sizes
 
