@@ -61,6 +61,7 @@ __all__ = [
     "SPACE_FLOOR_MAX",
     "FLOOR_EXEMPT",
     "open_store_dir",
+    "inside_dir",
     "move_into",
     "fresh_bytes",
     "Readable",
@@ -730,6 +731,35 @@ def move_into(src_dir_fd: int, src_name: str, dst_dir_fd: int, name: str) -> Opt
     except FileNotFoundError:
         return None
     return dest
+
+
+def inside_dir(path: os.PathLike[str] | str, root: os.PathLike[str] | str) -> bool:
+    """Whether ``path`` (existing or not) is ``root`` or lies under it: by real path, and by the device and
+    inode of every existing directory from ``path`` up (a link or bind mount to ``root`` counts too).
+
+    For writes that must never land in a store (``casstore get -o``, a checkout): its objects and settings
+    are replaced by a rename as easily as any file.
+    """
+    try:
+        rst = os.stat(root)
+    except OSError:
+        return False
+    top = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if real == top or real.startswith(top.rstrip("/") + "/"):
+        return True
+    p = os.path.abspath(path)
+    while True:
+        try:
+            st = os.stat(p)
+            if (st.st_dev, st.st_ino) == (rst.st_dev, rst.st_ino):
+                return True
+        except OSError:
+            pass  # not made yet, or not for this user to look at
+        up = os.path.dirname(p)
+        if up == p:
+            return False
+        p = up
 
 
 def refuse_planted_links(root: Path, fixed: Tuple[str, ...]) -> None:

@@ -222,6 +222,19 @@ def test_completion_scripts(tmp_path: Path, shell: str) -> None:
         b = subprocess.run(["bash", "-c", 'eval "$1" && complete -p casstore', "_", r.stdout],
                            capture_output=True, text=True, timeout=30)
         assert b.returncode == 0 and "casstore" in b.stdout, b.stderr
+        # ... and it completes file and folder names where a command takes them (found by a bug hunt:
+        # `casstore put comp.<TAB>` and `add exp d<TAB>` only beeped).
+        (tmp_path / "comp.alpha").write_text("x")
+        (tmp_path / "dd1").mkdir()
+        ask = ('eval "$1"; f=$(complete -p casstore | sed "s/.*-F \\([^ ]*\\).*/\\1/"); '
+               'read -ra COMP_WORDS <<< "$2"; COMP_CWORD=$((${#COMP_WORDS[@]}-1)); COMP_LINE="$2"; '
+               'COMP_POINT=${#COMP_LINE}; COMPREPLY=(); $f casstore "${COMP_WORDS[-1]}" "${COMP_WORDS[-2]}"; '
+               'echo "${COMPREPLY[*]}"')
+        for line, want in (("casstore put comp.", "comp.alpha"), ("casstore add exp d", "dd1"),
+                           ("casstore --store d", "dd1"), ("casstore get abc -o comp.", "comp.alpha")):
+            c = subprocess.run(["bash", "-c", ask, "_", r.stdout, line], capture_output=True, text=True,
+                               timeout=30, cwd=tmp_path)
+            assert c.stdout.split() == [want], (line, c.stdout, c.stderr)
 
 
 def _err(r: subprocess.CompletedProcess[str], kind: str) -> str:
@@ -574,3 +587,19 @@ def test_put_never_prints_file_names_raw(tmp_path: Path) -> None:
     assert len(r.stdout.splitlines()) == 2 and "0" * 64 not in r.stdout.splitlines()[1], r.stdout
     r = cli(tmp_path, "--store", str(root), "put", str(tmp_path / "nofile\x1b[31mRED"))
     assert r.returncode == 1 and "\x1b" not in r.stderr and "no such file" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_get_never_writes_into_the_store(tmp_path: Path) -> None:
+    """Found by a bug hunt: `get A -o <store>/objects/<B's file>` replaced B (corrupt), `-o <store>/store.toml`
+    broke every later command."""
+    root = tmp_path / "s"
+    s = casstore.open(root)
+    a, b = s.put(b"aaaa"), s.put(b"bbbb")
+    b_file = next(p for p in (root / "objects").rglob("*") if p.is_file() and p.name == b.hex[2:])
+    os.symlink(root, tmp_path / "alias")
+    for target in (b_file, root / "store.toml", root / "new-file", tmp_path / "alias" / "x"):
+        r = cli(tmp_path, "--store", str(root), "get", str(a), "-o", str(target))
+        assert r.returncode == 1 and "inside the store" in r.stderr, (target, r.stderr)
+    assert s.get(b) == b"bbbb" and casstore.open(root).verify().ok
+    r = cli(tmp_path, "--store", str(root), "get", str(a), "-o", str(tmp_path / "out.bin"))
+    assert r.returncode == 0 and (tmp_path / "out.bin").read_bytes() == b"aaaa"

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO, Dict, List, Optional, Protocol, Union
 
-from .._fs import path_exists
+from .._fs import inside_dir, path_exists
 from .._layout import CONFIG_FILE
 from .._progress import Progress, human_bytes
 from ..codecs import normalize_compress
@@ -285,6 +285,11 @@ def cmd_get(args: argparse.Namespace) -> int:
     if args.output == "":  # (was: the bytes went to stdout, past the refusal to write binary to a terminal)
         raise InvalidInputError("-o is empty: give a file to write, or - for stdout")
     to_file = bool(args.output and args.output != "-")
+    if to_file and inside_dir(args.output, store.root):
+        # Hazard (found by a bug hunt): `get A -o <store>/objects/..` replaced object B's file by a rename
+        # (its mode 0444 is no obstacle to that) and `-o <store>/store.toml` broke every later command.
+        raise InvalidInputError(f"-o {printable(args.output)} is inside the store at {store.root}: get never "
+                                "writes there (it would replace the store's own files); write it elsewhere")
     # A bar (on a terminal's stderr only) when the bytes go to a file; never beside bytes going to a
     # terminal or a pager, whose screen it would garble.
     show = None if to_file or (args.output is None and _stdout_is_regular_file()) else False
