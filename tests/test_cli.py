@@ -378,13 +378,15 @@ def test_bad_values_reaching_the_store_are_one_line_errors(tmp_path: Path) -> No
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> None:
+def test_a_full_stdout_is_one_typed_line_and_debug_shows_the_traceback(tmp_path: Path) -> None:
     store = str(tmp_path / "s")
     s = casstore.open(store)
     d = s.put(os.urandom(3 << 20))
-    # A full disk under stdout: an OSError casstore does not type.
-    _unexpected_line(_sh(tmp_path, ">/dev/full", "--store", store, "get", str(d)), "get", "OSError")
-    _unexpected_line(_sh(tmp_path, ">/dev/full", "--store", store, "ls", "--objects"), "ls", "OSError")  # final flush
+    # A full disk under stdout (was "failed unexpectedly": typed now, found by a bug hunt).
+    for args in (("get", str(d)), ("ls", "--objects")):  # (ls: the final flush)
+        r = _sh(tmp_path, ">/dev/full", "--store", store, *args)
+        err = r.stderr.decode()
+        assert r.returncode == 1 and err.count("\n") == 1 and err.rstrip().endswith("[DiskFullError]"), err
     r = _sh(tmp_path, ">/dev/full", "--store", store, "--debug", "get", str(d))
     err = r.stderr.decode()
     assert r.returncode == 1 and "Traceback (most recent call last)" in err and "No space left on device" in err

@@ -492,6 +492,20 @@ def test_cli_words_turn_every_python_hint_into_a_flag() -> None:
         "create one with `casstore init r` or casstore.open(path)": "create one with `casstore init r`",
         "Use link='symlink' or link='copy'; pass overwrite=True, sync=True": "Use --link symlink or --link copy; "
                                                                              "pass --overwrite, --sync",
+        "'exp' is a head (editable manifest): ...; or pin the head's current version itself with "
+        "store.freeze('exp')": "'exp' is a head (editable manifest): ...; or pin the head's current version "
+                               "itself with `casstore freeze exp`",
+        "edit a new name, e.g. store.edit('p-v2')": "edit a new name, e.g. `casstore add p-v2 DIR` or "
+                                                    "`casstore manifest set p-v2 KEY FILE`",
+        "pin it under another name locally (store.pin('other', 'blake3:ab'))":
+            "pin it under another name locally (`casstore pin other blake3:ab`)",
+        "put it again, or pin with allow_missing=True if it lives on a remote":
+            "put it again, or pull it from the remote that holds it",
+        "sha256='00' is not a SHA-256": "--sha256 '00' is not a SHA-256",
+        "invalid max_bytes 'abc'": "invalid --max-size 'abc'",
+        "invalid endpoint_url 'x'": "invalid --endpoint-url 'x'",
+        "invalid compression level 0; use 1-22, True/False or 'zstd'/'raw'":
+            "invalid compression level 0; use raw, zstd or a level 1-22",
         "a plain message": "a plain message",
     }
     for text, want in cases.items():

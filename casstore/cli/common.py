@@ -348,6 +348,15 @@ _CLI_WORDS: Tuple[Tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\bstore\.push\(remote, '([^']*)', --force\)"), r"`casstore push REMOTE \1 --force`"),
     (re.compile(r"\bstore\.pull\(remote, '([^']*)'\)"), r"`casstore pull REMOTE \1`"),
     (re.compile(r"\bkeep_history\b"), "--keep-history"),
+    (re.compile(r"\bmax_bytes\b"), "--max-size"),
+    (re.compile(r"\bendpoint_url\b"), "--endpoint-url"),
+    (re.compile(r"\b(sha256|md5)='"), r"--\1 '"),
+    (re.compile(r"\bstore\.freeze\('([^']*)'\)"), r"`casstore freeze \1`"),
+    (re.compile(r"\bstore\.edit\('([^']*)'\)"), r"`casstore add \1 DIR` or `casstore manifest set \1 KEY FILE`"),
+    (re.compile(r"\bstore\.pin\('([^']*)', '([^']*)'\)"), r"`casstore pin \1 \2`"),
+    (re.compile(r"or pin with allow_missing=True if it lives on a remote"), "or pull it from the remote that holds it"),
+    (re.compile(r"\blink=reflink raises here"), "--link reflink fails here"),
+    (re.compile(r"; use 1-22, True/False or 'zstd'/'raw'"), "; use raw, zstd or a level 1-22"),
     (re.compile(r"\(put_path stores a file\)"), "(`casstore put` stores a file)"),
     (re.compile(r"\bput_path stores one regular file"), "put stores regular files"),
     (re.compile(r" or casstore\.open\(path\)"), ""),
@@ -356,8 +365,6 @@ _CLI_WORDS: Tuple[Tuple[re.Pattern[str], str], ...] = (
 
 def cli_words(text: str) -> str:
     """A library message with its Python-API hints in CLI words (``overwrite=True`` -> ``--overwrite``)."""
-    if "=" not in text and "(" not in text and "keep_history" not in text:
-        return text
     for pattern, words in _CLI_WORDS:
         text = pattern.sub(words, text)
     return text

@@ -733,7 +733,9 @@ def pin(store: Store, name: str, target: Target, *, force: bool = False,
                         "allow_missing=True if it lives on a remote"
                     )
         if refs.get("heads", name) is not None:
-            raise InvalidInputError(f"{name!r} is a head (editable manifest); use store.freeze({name!r}) instead")
+            raise InvalidInputError(
+                f"{name!r} is a head (editable manifest): a pin of that name would hide it; pin the version under "
+                f"another name, or pin the head's current version itself with store.freeze({name!r})")
         old = refs.get("pins", name)
         if old is None:
             check_new_name(name)
