@@ -617,3 +617,18 @@ def test_get_never_writes_into_the_store(tmp_path: Path) -> None:
     assert s.get(b) == b"bbbb" and casstore.open(root).verify().ok
     r = cli(tmp_path, "--store", str(root), "get", str(a), "-o", str(tmp_path / "out.bin"))
     assert r.returncode == 0 and (tmp_path / "out.bin").read_bytes() == b"aaaa"
+
+
+def test_mv_onto_a_pin_says_it_is_one_and_what_it_held(tmp_path: Path) -> None:
+    """Found by a bug hunt: `mv X PIN --force` replaced a pin silently; the refusal said only "already exists"."""
+    root = tmp_path / "s"
+    s = casstore.open(root)
+    with s.edit("release") as m:
+        m["a"] = s.put(b"1")
+    old = s.freeze("release")
+    with s.edit("scratch") as m:
+        m["a"] = s.put(b"2")
+    r = cli(tmp_path, "--store", str(root), "mv", "scratch", "release")
+    assert r.returncode == 1 and f"(a pin of {old.short()})" in r.stderr, r.stderr
+    r = cli(tmp_path, "--store", str(root), "mv", "scratch", "release", "--force")
+    assert r.returncode == 0 and f"replaced a pin release (was {old}" in r.stdout, r.stdout

@@ -162,6 +162,11 @@ def cmd_rm(args: argparse.Namespace) -> int:
 def cmd_mv(args: argparse.Namespace) -> int:
     """``casstore mv OLD NEW [--force]``: rename a head (a pin with --force), history and all."""
     store = open_from_args(args)
+    # What NEW names now, to say it (found by a bug hunt: `mv X PIN --force` replaced a pin, and neither the
+    # refusal nor the success said it was one, nor which version it held).
+    was_pin, was_head = store.refs.get("pins", args.new), store.refs.get("heads", args.new)
+    was = was_pin or was_head
+    what = "a pin" if was_pin is not None else "a head"
     try:
         d = store.rename(args.old, args.new, force=args.force, timeout=args.timeout)
     except FrozenError:
@@ -169,13 +174,18 @@ def cmd_mv(args: argparse.Namespace) -> int:
             f"{args.old!r} is a pin (frozen); pass --force to rename it, or `casstore unpin {args.old}` first"
         ) from None
     except NameExistsError:
+        held = f" ({what} of {was.short()})" if was is not None else ""
         raise NameExistsError(
-            f"{args.new!r} already exists; pass --force to replace it, or choose another name"
+            f"{args.new!r} already exists{held}; pass --force to replace it, or choose another name"
         ) from None
     if args.json:
-        print(json.dumps({"old": args.old, "new": args.new, "digest": str(d)}))
+        print(json.dumps({"old": args.old, "new": args.new, "digest": str(d),
+                          "replaced": None if was is None or was == d else {"kind": what[2:], "digest": str(was)}}))
         return 0
     print(f"{args.old} -> {args.new}  ({d})")
+    if was is not None and was != d:
+        print(f"replaced {what} {args.new} (was {was}; its versions stay until gc collects them: "
+              f"`casstore pin NEWNAME {was.short()}` keeps that one)")
     return 0
 
 
