@@ -362,3 +362,25 @@ def test_a_ref_tree_deeper_than_path_max_never_breaks_listing(store: casstore.St
         assert store.heads() == good
     finally:
         _remove_deep(store.root / "refs" / "heads" / "d")
+
+
+def test_a_name_cannot_be_the_folder_of_a_name_of_the_other_kind(store: casstore.Store) -> None:
+    """Found by a bug hunt: head 'team' and pin 'team/best' could both be made (two ref trees), and then
+    `freeze team` failed for good ("is a prefix of other names; choose another")."""
+    from casstore.errors import InvalidInputError
+
+    with store.edit("team") as m:
+        m["a"] = store.put(b"1")
+    with pytest.raises(InvalidInputError, match="clashes with the head 'team'"):
+        store.pin("team/best", "team")
+    with store.edit("rel") as m:
+        m["a"] = store.put(b"1")
+    store.freeze("rel")
+    with pytest.raises(InvalidInputError, match="clashes with the pin 'rel'"):
+        with store.edit("rel/wip") as m:
+            m["a"] = store.put(b"2")
+    with store.edit("deep/x") as m:
+        m["a"] = store.put(b"3")
+    with pytest.raises(InvalidInputError, match=r"clashes with the head 'deep/\.\.\.'"):
+        store.pin("deep", "team")
+    assert store.freeze("team") and store.freeze("deep/x")  # the same name in the other kind is fine

@@ -413,9 +413,36 @@ def _claim_file(root: Path, path: Path, text: str, durable: bool) -> bool:
     return True
 
 
+def _refuse_other_kind_clash(root: Path, kind: str, name: str) -> None:
+    """Refuse a name that is the folder of a name of the other kind, or has one as its folder.
+
+    Hazard (found by a bug hunt): heads and pins live in two trees, so head ``team`` and pin ``team/best``
+    could both be made, and then ``freeze team`` failed ("is a prefix of other names; choose another"):
+    the head could never be frozen.  One lstat per level of the name (the same name in the other kind
+    is fine: freeze writes the pin of a head's name).
+    """
+    other = "pins" if kind == "heads" else "heads"
+    parts = name.split("/")
+    clash = None
+    for i in range(1, len(parts)):
+        prefix = "/".join(parts[:i])
+        if os.path.isfile(_ref_path(root, other, prefix)):
+            clash = prefix
+            break
+    else:
+        if os.path.isdir(_ref_path(root, other, name)):
+            clash = name + "/..."
+    if clash is not None:
+        raise InvalidInputError(
+            f"name {name!r} clashes with the {other[:-1]} {clash!r} (one name would be the other's folder, "
+            f"and heads become pins of the same name); rename or remove that {other[:-1]} first "
+            "(casstore mv / casstore rm), or choose another name")
+
+
 def _check_ref_dir(root: Path, kind: str, name: str, durable: bool) -> None:
     """Make the ref file's directory, refusing a name that is a prefix of others or has one as a prefix."""
     p = _ref_path(root, kind, name)
+    _refuse_other_kind_clash(root, kind, name)
     for attempt in range(_PRUNE_RETRIES):
         if p.is_dir():
             raise InvalidInputError(f"name {name!r} is a prefix of other names ({p} is a directory); choose another")
