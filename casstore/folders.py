@@ -55,7 +55,20 @@ from dataclasses import dataclass
 from itertools import starmap
 from pathlib import Path
 from queue import Empty, SimpleQueue
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
 
 import msgpack
 
@@ -444,7 +457,7 @@ class _StatCache:
 
     def __init__(self, store: Store, real: str, path: Path, *, load: bool = True) -> None:
         self.path = path
-        self.root = real
+        self.root = _root_field(real)
         self.store = store
         self.keys: List[str] = []  # sorted, as the walk sorts its files
         self.pos: Dict[str, int] = {}  # key -> row
@@ -581,18 +594,44 @@ def _pack_row(st: StatKey) -> bytes:
         return _IDS.pack(*(v if 0 <= v < 1 << 64 else 0 for v in st[:3])) + _UNMATCHABLE
 
 
+def _root_field(real: str) -> Union[str, bytes]:
+    """A folder's real path as the stat cache and clean mark keep it: a str if it is UTF-8, else its bytes.
+
+    Hazard (found by a bug hunt): a folder whose own path is not UTF-8 (``r\\xe9sultats``, decoded
+    with surrogateescape) crashed the cache's save (msgpack packs a str as strict UTF-8), and
+    ``add`` saves it after the commit: the version was made, and every add and status of that
+    folder then failed "unexpectedly".  Its bytes are the path exactly; a UTF-8 path stays a str,
+    so caches written before (and by older versions) still match.
+    """
+    try:
+        real.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(real)
+    return real
+
+
 def _unpack_row(rows: bytes, i: int) -> StatKey:
     dev, ino, size, mtime, ctime = _ROW.unpack_from(rows, i * _ROW.size)
     return (dev, ino, size, mtime, ctime)
 
 
 def _write_cache(store: Store, path: Path, doc: Mapping[str, Any]) -> None:
-    """Write a stat cache or clean mark: temp file + rename, not durable (it is a cache)."""
+    """Write a stat cache or clean mark: temp file + rename, not durable (it is a cache).
+
+    Never raises for a document it cannot pack: ``add`` saves the cache after its commit, and a
+    cache that cannot be written must not turn a committed version into an error (see
+    :func:`_root_field`); it is only read or compared again next time.
+    """
+    try:
+        data = msgpack.packb(doc, use_bin_type=True)
+    except (ValueError, TypeError) as e:  # (UnicodeEncodeError is a ValueError, as msgpack's own are)
+        log.warning("%s not written (%s: %s); the folder is read again next time", path, type(e).__name__, e)
+        return
     try:
         # (makedirs: in a shared store a new cache/stat copies its setgid parent's group-writable mode;
         # a plain mkdir made it the first user's alone, and every other member lost the cache)
         makedirs(path.parent)
-        write_file_atomic(store.root / TMP, path, msgpack.packb(doc, use_bin_type=True), durable=False, mode=0o644)
+        write_file_atomic(store.root / TMP, path, data, durable=False, mode=0o644)
     except OSError as e:  # a read-only store still answers; it just reads or compares again next time
         log.debug("%s not written: %s", path, e)
 
@@ -601,8 +640,13 @@ def _write_cache(store: Store, path: Path, doc: Mapping[str, Any]) -> None:
 
 
 def _fingerprint(files: Sequence[_File]) -> str:
-    """BLAKE3 of every file's key and exact stat, in key order (what a walk saw, in one value)."""
-    return hash_bytes(msgpack.packb(files, use_bin_type=True)).hex
+    """BLAKE3 of every file's key and exact stat, in key order (what a walk saw, in one value).
+
+    Hazard (found by a bug hunt): a key that is not UTF-8 (a file renamed to ``b\\xff``, the count
+    unchanged) crashed ``status`` and ``add`` here, before they could refuse it by name: its bytes
+    are hashed as they are (surrogateescape; a UTF-8 key packs exactly as before).
+    """
+    return hash_bytes(msgpack.packb(files, use_bin_type=True, unicode_errors="surrogateescape")).hex
 
 
 class _CleanMark:
@@ -621,7 +665,7 @@ class _CleanMark:
 
     def __init__(self, store: Store, real: str, stat_path: Path) -> None:
         self.path = stat_path.with_suffix(".clean")
-        self.root = real
+        self.root = _root_field(real)
         self.store = store
         self._fp: Optional[Tuple[Sequence[_File], str]] = None  # (the walk, its fingerprint)
 
@@ -911,6 +955,12 @@ def _folder(folder: object) -> Path:
     raw = os.fspath(folder)
     if not isinstance(raw, str) or not raw or "\x00" in raw:
         raise InvalidInputError(f"invalid folder {raw!r}")
+    try:
+        os.fsencode(raw)
+    except UnicodeEncodeError:  # (a lone surrogate no file name can hold: no system call could take it)
+        raise InvalidInputError(f"invalid folder {raw!r}: it is not valid Unicode (a lone surrogate that no "
+                                "file name's bytes decode to); give the folder's path as the system names it") \
+            from None
     return Path(os.path.expanduser(raw)).absolute()
 
 
@@ -1054,10 +1104,18 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
     result = m.result
     assert result is not None
     whole = steady and len(present) == len(files)  # every file's digest is of the file as walked
-    cache.save(present, floor=floor, version=result.digest if whole else None, patterns=patterns)
-    if whole:
-        mark.save(result.digest, patterns, files, floor)
-    else:
+    # Hazard (found by a bug hunt): the cache was saved after the commit and its failure (a folder
+    # path that is not UTF-8) reported a committed add as failed, on every add.  The version is
+    # made: a cache that cannot be saved is only a slower next time, never this add's error.
+    try:
+        cache.save(present, floor=floor, version=result.digest if whole else None, patterns=patterns)
+        if whole:
+            mark.save(result.digest, patterns, files, floor)
+    except Exception as e:  # noqa: BLE001 - committed: nothing after it may fail the add
+        log.warning("%s: the stat cache was not saved (%s: %s); the next add or status reads the folder again",
+                    path, type(e).__name__, e)
+        whole = False
+    if not whole:
         mark.drop()
     return AddResult(manifest=result, created=result is not base, added=tuple(sorted(added)),
                      modified=tuple(sorted(modified)), deleted=tuple(sorted(deleted)), skipped=tuple(skipped),

@@ -8,13 +8,14 @@ CLI's errors and warnings named Python keywords (``link='copy'``, ``force=True``
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -288,3 +289,91 @@ def test_cli_checkout_hints_name_flags(store: casstore.Store, tmp_path: Path) ->
     _version(store, "n", {"x": b"x"})
     r = _cli(store.root, "checkout", "n", str(out), "--overwrite")
     assert r.returncode == 1 and "with --sync it removes one" in r.stderr and "=True" not in r.stderr, r.stderr
+
+
+# -- 4. targets: a path that is not UTF-8, an empty one, one no folder can be -------------------------
+
+
+def _cli_raw(store: Path, *args: str, cwd: Optional[Path] = None) -> subprocess.CompletedProcess[str]:
+    """:func:`_cli` for paths that are not UTF-8 (its output names them: decoded with surrogateescape)."""
+    return subprocess.run([sys.executable, "-m", "casstore.cli", "--store", str(store), *args], cwd=cwd,
+                          capture_output=True, text=True, errors="surrogateescape", timeout=60)
+
+
+def test_a_target_whose_path_is_not_utf8_is_recorded_so_sync_works_there(store: casstore.Store,
+                                                                         tmp_path: Path) -> None:
+    # Hazard (found by a bug hunt): the checkout record's save crashed (msgpack, a surrogate) after the
+    # files were written: every checkout there "failed unexpectedly", and --sync never removed a file.
+    out = Path(os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9"))
+    _version(store, "n", {"a": b"a", "b": b"b"})
+    store.checkout("n", out)
+    assert _files(out) == {"a": b"a", "b": b"b"}
+    _version(store, "n", {"a": b"a2"})
+    got = store.checkout("n", out, sync=True)
+    assert _files(out) == {"a": b"a2"} and got.removed == ("b",)  # the record named b: sync removed it
+    _version(store, "n", {"a": b"a2", "c": b"c"})
+    r = _cli_raw(store.root, "checkout", "n", str(out))
+    assert r.returncode == 0 and "unexpectedly" not in r.stderr, r.stderr
+    _version(store, "n", {"a": b"a2"})
+    r = _cli_raw(store.root, "checkout", "n", str(out), "--sync")
+    assert r.returncode == 0 and "unexpectedly" not in r.stderr, r.stderr
+    assert _files(out) == {"a": b"a2"}
+
+
+def test_an_empty_target_is_refused_before_anything_is_written(store: casstore.Store, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hazard (found by a bug hunt): `checkout NAME "$OUT"` with $OUT unset checked out into the current
+    # directory, and --overwrite replaced the user's a.txt there (add and status refuse '').
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_bytes(b"my own notes")
+    monkeypatch.chdir(work)
+    _version(store, "n", {"a.txt": b"release", "new": b"new"})
+    for target in ("", "a\x00b", "\ud800x"):  # (Path("") is ".": the current directory, named)
+        for kw in ({}, {"overwrite": True}, {"sync": True, "overwrite": True}):
+            with pytest.raises(InvalidInputError, match="invalid folder .*nothing was checked out"):
+                store.checkout("n", target, **kw)  # type: ignore[arg-type]
+    r = _cli_raw(store.root, "checkout", "n", "", "--overwrite", cwd=work)
+    assert r.returncode == 1 and "invalid folder ''" in r.stderr and "unexpectedly" not in r.stderr, r.stderr
+    assert sorted(os.listdir(work)) == ["a.txt"] and (work / "a.txt").read_bytes() == b"my own notes"
+
+
+def test_a_target_no_folder_can_be_is_a_typed_error_naming_it(store: casstore.Store, tmp_path: Path) -> None:
+    # Hazard (found by a bug hunt): under a dangling link, through a loop of links, or with a name over
+    # 255 bytes, checkout "failed unexpectedly" (FileNotFoundError, ELOOP, ENAMETOOLONG).
+    _version(store, "n", {"a": b"a"})
+    (tmp_path / "dangling").symlink_to("/nonexistent/dir")
+    (tmp_path / "l1").symlink_to(tmp_path / "l2")
+    (tmp_path / "l2").symlink_to(tmp_path / "l1")
+    (tmp_path / "file").write_bytes(b"a file")
+    cases = [(tmp_path / "dangling" / "sub", "symbolic link to nothing"),
+             (tmp_path / "l1" / "x", "loop of links"),
+             (tmp_path / "l1", "loop of links"),
+             (tmp_path / ("x" * 300), "too long"),
+             (tmp_path / ("x" * 300) / "sub", "too long"),
+             (tmp_path / "file" / "sub", "not a directory"),
+             (tmp_path / "dangling", "not a directory")]
+    before = sorted(os.listdir(tmp_path))
+    for target, why in cases:
+        for kw in ({}, {"overwrite": True}, {"sync": True}):
+            with pytest.raises(InvalidInputError) as ei:
+                store.checkout("n", target, **kw)  # type: ignore[arg-type]
+            assert why in str(ei.value) and repr(str(target)[:200])[:-1] in str(ei.value), str(ei.value)
+        r = _cli_raw(store.root, "checkout", "n", str(target))
+        assert r.returncode == 1 and why in r.stderr and "unexpectedly" not in r.stderr, r.stderr
+    assert sorted(os.listdir(tmp_path)) == before and not os.path.exists("/nonexistent/dir")
+
+
+def test_a_record_that_cannot_be_packed_is_a_warning_not_a_failed_checkout(
+        store: casstore.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The files are written by then: a record msgpack cannot pack (the path as a surrogate str, as
+    # before the fix) only means a later sync removes less, as a read-only store's does.
+    # (the module: ``casstore.manifests.checkout`` the attribute is the function it exports)
+    monkeypatch.setattr(importlib.import_module("casstore.manifests.checkout"), "_root_field", lambda real: real)
+    out = Path(os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9"))
+    _version(store, "n", {"a": b"a"})
+    with caplog.at_level(logging.WARNING, logger="casstore.manifests.checkout"):
+        got = store.checkout("n", out)
+    assert [p.name for p in got] == ["a"] and _files(out) == {"a": b"a"}
+    assert "not written (UnicodeEncodeError" in caplog.text

@@ -23,6 +23,10 @@ Hazards (issue 11, "nothing is written outside the target", "never hang, never f
   walk refuses a key whose path passes through or is the store (device and
   inode of every directory it opens), both before anything is written;
   ``sync`` never removes anything inside it.
+* The target must be a folder's path: an empty one (an unset ``$OUT``: it was the current
+  directory), one under a dangling link, through a loop of links or with a name too long is
+  refused with :class:`~casstore.errors.InvalidInputError` before anything is written
+  (:func:`_bad_target`); one that is not UTF-8 is recorded by its bytes (:func:`_root_field`).
 * A FIFO or device at a key's place is never opened (``lstat`` first, and
   ``O_NONBLOCK`` on every open): a checkout never hangs.
 * Keys were validated by THE decoder (no ``..``, absolute, empty, ``.`` or
@@ -435,6 +439,7 @@ class _Record:
     def __init__(self, store: Store, out: Path, name: str) -> None:
         self.root = os.path.realpath(out)
         self.name = name
+        self.root_field = _root_field(self.root)  # (as saved: a str if UTF-8, else the path's bytes)
         ident = hash_bytes(os.fsencode(self.root) + b"\0" + name.encode("utf-8", "surrogateescape"))
         self.path = store.root / RECORD_DIR / ident.hex[:32]
         self.store = store
@@ -479,7 +484,7 @@ class _Record:
         version = doc.get("v") if isinstance(doc, dict) else None
         if not isinstance(doc, dict) or version not in (1, _RECORD_VERSION):
             raise ValueError("not a version-1 or -2 checkout record")
-        if doc.get("root") != self.root or doc.get("name") != self.name:
+        if doc.get("root") != self.root_field or doc.get("name") != self.name:
             raise ValueError("written for another folder or name")
         ents, dirs = doc.get("files"), doc.get("dirs")
         if not isinstance(ents, dict) or not isinstance(dirs, list):
@@ -505,16 +510,37 @@ class _Record:
         return files, set(dirs)
 
     def save(self) -> None:
-        doc = {"v": _RECORD_VERSION, "root": self.root, "name": self.name,
+        doc = {"v": _RECORD_VERSION, "root": self.root_field, "name": self.name,
                "files": {k: [d.hex, how, *st] for k, (d, st, how) in sorted(self.files.items())},
                "dirs": sorted(self.dirs)}
         try:
+            data = msgpack.packb(doc, use_bin_type=True)
+        except (ValueError, TypeError) as e:  # (the files are written: a record is never worth failing for)
+            log.warning("checkout record %s not written (%s: %s): a later sync will not remove these files",
+                        self.path, type(e).__name__, e)
+            return
+        try:
             makedirs(self.path.parent)  # in a shared store group-writable, as cache/hashed: every member records
-            write_file_atomic(self.store.root / TMP, self.path, msgpack.packb(doc, use_bin_type=True),
-                              durable=False, mode=0o644)
+            write_file_atomic(self.store.root / TMP, self.path, data, durable=False, mode=0o644)
         except OSError as e:  # a read-only store still checks out; a later sync just removes less
             log.warning("checkout record %s not written (%s): a later sync will not remove these files",
                         self.path, e.strerror)
+
+
+def _root_field(real: str) -> Union[str, bytes]:
+    """A target's real path as its checkout record keeps it: a str if it is UTF-8, else its bytes.
+
+    Hazard (found by a bug hunt): a target whose path is not UTF-8 (``caf\\xe9``, decoded with
+    surrogateescape) crashed the record's save (msgpack packs a str as strict UTF-8) after the
+    files were written: every checkout there failed "unexpectedly" and, with no record, ``sync``
+    never worked.  Its bytes are the path exactly; a UTF-8 path stays a str, so records written
+    before (and by older versions) still match.
+    """
+    try:
+        real.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(real)
+    return real
 
 
 def _safe_key(k: str) -> bool:
@@ -851,6 +877,21 @@ def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]],
     """
     if not isinstance(outdir, (str, os.PathLike)):
         raise InvalidTypeError(f"checkout() needs a directory path, not {type(outdir).__name__}")
+    raw = os.fspath(outdir)
+    if not isinstance(raw, str):
+        raise InvalidTypeError(f"checkout() needs a str directory path, not {type(raw).__name__}")
+    if not raw or "\x00" in raw:
+        # Hazard (found by a bug hunt): an empty target (an unset $OUT) was the current directory, and
+        # --overwrite replaced the user's files there; add and status refuse '' the same way.
+        raise InvalidInputError(f"invalid folder {raw!r}: {'an empty path' if not raw else 'a NUL byte'} names "
+                                "no folder (an unset variable?); give the folder to check out into ('.' for "
+                                "the current directory); nothing was checked out")
+    try:
+        os.fsencode(raw)
+    except UnicodeEncodeError:  # (a lone surrogate no file name can hold: no system call could take it)
+        raise InvalidInputError(f"invalid folder {raw!r}: it is not valid Unicode (a lone surrogate that no "
+                                "file name's bytes decode to); give the folder's path as the system names it; "
+                                "nothing was checked out") from None
     if link not in LINK_MODES:
         raise InvalidInputError(f"link={link!r:.50} is not one of {', '.join(LINK_MODES)}")
     for flag, what in ((overwrite, "overwrite"), (sync, "sync"), (force, "force"), (rehash, "rehash")):
@@ -864,7 +905,7 @@ def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]],
     # One pass over the entries: a large (tree-shaped) manifest is walked once, not once per step.
     ents: Dict[str, Entry] = dict(man.entries.items())
     _conflicts(man, ents)
-    out = Path(os.fspath(outdir)).absolute()
+    out = Path(raw).absolute()
     store_id = _store_id(store)
     _refuse_store_target(store, out, store_id)
     if store.objects.upstream is not None:  # read-through: bring every missing object home before writing a file
@@ -1145,21 +1186,52 @@ def _remove_stale(store: Store, out: Path, ents: Dict[str, Entry], rec: _Record,
     return gone_dirs, removed, left, gone
 
 
+def _bad_target(out: Path, err: OSError, *, making: bool) -> Optional[CasstoreError]:
+    """The typed error for a target no folder can be made (``making``) or opened at (``None``: not such a case).
+
+    Hazard (found by a bug hunt): a target under a dangling symbolic link (ENOENT from
+    ``makedirs``), through a loop of links (ELOOP) or with a name too long (ENAMETOOLONG) was
+    "checkout failed unexpectedly"; add, status and get -o say what is wrong with the path.
+    """
+    where = f"cannot check out into {str(out)[:200]!r}"
+    if err.errno in (errno.EEXIST, errno.ENOTDIR):
+        return InvalidInputError(f"{where}: it (or a parent) is not a directory (a file, or a symbolic link "
+                                 "to nothing); give a folder, or a path where one can be made")
+    if err.errno == errno.ENOENT:
+        return InvalidInputError(f"{where}: a parent folder is missing though it is named on the path -- a "
+                                 "symbolic link to nothing (dangling), or removed meanwhile; fix or remove "
+                                 "that link, or check out elsewhere")
+    if err.errno == errno.ELOOP:
+        return InvalidInputError(f"{where}: too many levels of symbolic links on its path (a loop of links); "
+                                 "fix the links, or check out elsewhere")
+    if err.errno == errno.ENAMETOOLONG:
+        return InvalidInputError(f"{where}: the path or a name on it is too long for the filesystem (a name "
+                                 "is at most 255 bytes); give a shorter one")
+    if making and (err.errno in _READ_ONLY or err.errno in NO_SPACE):  # (EACCES opening: checkout's own words)
+        made = _target_error(err, str(out), "create directory")
+        return made if isinstance(made, CasstoreError) else None
+    return None
+
+
 def _open_target(out: Path, *, create: bool) -> Optional[int]:
     """The target directory's fd (the target itself may be a link: the caller named it)."""
     if create:
         try:
             os.makedirs(out, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise InvalidInputError(f"cannot check out into {out}: it (or a parent) is not a directory") from None
+        except OSError as e:
+            typed = _bad_target(out, e, making=True)
+            if typed is None:
+                raise
+            raise typed from None
     try:
         return os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
-        if create:
+    except OSError as e:
+        if isinstance(e, FileNotFoundError) and not create:
+            return None  # (made by the write pass)
+        typed = _bad_target(out, e, making=False)
+        if typed is None:
             raise
-        return None
-    except NotADirectoryError:
-        raise InvalidInputError(f"cannot check out into {out}: it (or a parent) is not a directory") from None
+        raise typed from None
 
 
 def _check_leaf(store: Store, pfd: int, leaf: str, dest: str, e: Entry, overwrite: bool, *, link: str,
