@@ -87,6 +87,7 @@ from .._fs import (
     copy_exact,
     dead_writer,
     disk_full,
+    inside_dir,
     makedirs,
     process_token,
     stamp_floor_ns,
@@ -648,30 +649,16 @@ def _in_store(store: Store, key: str, path: Union[str, Path], *, checked: bool) 
     )
 
 
-def _refuse_store_target(store: Store, out: Path, store_id: Tuple[int, int]) -> None:
+def _refuse_store_target(store: Store, out: Path) -> None:
     """Refuse a target that is the store's root or lies inside it, before anything is written.
 
     Hazard (found by a bug hunt): ``checkout NAME <store> --overwrite`` replaced ``store.toml`` with a
     manifest's file and broke the store; a checkout into ``<store>/objects`` or ``refs/`` planted
-    object files whose bytes are not their names, and pins.  Compared by device and inode (of the
-    target and of every existing directory above it: through a link or a bind mount too) and by
-    real path, like ``add``'s and ``status``'s check (casstore/folders.py).
+    object files whose bytes are not their names, and pins.  Compared by real path and by device and
+    inode of the target and every existing directory above it (:func:`~casstore._fs.inside_dir`: through
+    a link or a bind mount too), like ``add``'s and ``status``'s check (casstore/folders.py).
     """
-    real = os.path.realpath(out)
-    top = os.path.realpath(store.root)
-    inside = real == top or real.startswith(top.rstrip("/") + "/")
-    p = real
-    while not inside:
-        try:
-            st = os.stat(p)
-            inside = (st.st_dev, st.st_ino) == store_id
-        except OSError:
-            pass  # not made yet (checkout makes it), or not for this user to look at
-        up = os.path.dirname(p)
-        if up == p:
-            break
-        p = up
-    if inside:
+    if inside_dir(out, store.root):
         raise InvalidInputError(
             f"cannot check out into {out}: it is the casstore store at {store.root} or a folder inside it; a "
             "checkout never writes into the store (a manifest's files would replace its objects, refs and "
@@ -907,7 +894,7 @@ def checkout(store: Store, target: Target, outdir: Union[str, os.PathLike[str]],
     _conflicts(man, ents)
     out = Path(raw).absolute()
     store_id = _store_id(store)
-    _refuse_store_target(store, out, store_id)
+    _refuse_store_target(store, out)
     if store.objects.upstream is not None:  # read-through: bring every missing object home before writing a file
         store.objects.fetch_many([e.digest for e in ents.values() if not store.objects.has(e.digest)])
     for key, e in ents.items():
