@@ -363,18 +363,27 @@ def test_store_argument(tmp_path: Path, store: casstore.Store) -> None:
 # -- how a path splits into name and key --------------------------------------------------------
 
 
+def _plant_pin(s: casstore.Store, name: str, d: casstore.Digest) -> None:
+    """A pin ref file written by hand (as releases before the cross-kind name rule could leave one)."""
+    p = s.root / "refs" / "pins" / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(f"{d}\n0\n")
+
+
 @pytest.fixture
 def nested(tmp_path: Path) -> casstore.Store:
-    """Head 'a' with key 'b/c' and pin 'a/b' with key 'c': the store forbids a name that is a prefix of
-    another of the same kind, but a head and a pin may nest (and so may names pulled from a remote)."""
+    """Head 'a' with key 'b/c' and pin 'a/b' with key 'c'.  The store now refuses a name that is the folder
+    of another of either kind, but stores made before that rule may hold such a pair: paths stay
+    unambiguous for them too."""
     s = casstore.open(tmp_path / "nested")
-    with s.edit("a/b") as m:
+    with s.edit("ab") as m:
         m["c"] = s.put(b"key c of name a/b")
         m["d"] = s.put(b"key d of name a/b")
-    s.freeze("a/b")
+    ab = s.remove("ab")
     with s.edit("a") as m:
         m["b/c"] = s.put(b"key b/c of name a")
         m["x"] = s.put(b"key x of name a")
+    _plant_pin(s, "a/b", ab)
     return s
 
 
@@ -399,9 +408,9 @@ def test_a_new_name_makes_a_path_fail_never_read_other_bytes(tmp_path: Path) -> 
         m["train/x.csv"] = s.put(b"the original")
     fs = CasstoreFileSystem(s)
     assert fs.cat("data/train/x.csv") == b"the original"
-    with s.edit("other") as m:  # someone pins a version under a name that could claim the path
-        m["x.csv"] = s.put(b"something else")
-    s.pin("data/train", s.manifest("other").digest)
+    with s.edit("other") as m:  # a version under a name that could claim the path (a store made before
+        m["x.csv"] = s.put(b"something else")  # the cross-kind name rule: planted by hand)
+    _plant_pin(s, "data/train", s.manifest("other").digest)
     with pytest.raises(AmbiguousPathError):
         fs.cat("data/train/x.csv")
     assert fs.cat("data//train/x.csv") == b"the original"

@@ -421,3 +421,20 @@ def test_file_dir_clash_finds_the_pair_wherever_it_is() -> None:
     assert file_dir_clash(["x/y/z", "x/y"]) == ("x/y", "x/y/z")
     assert file_dir_clash(["a/b", "a/c", "ab", "b/a"]) is None
     assert file_dir_clash([]) is None
+
+
+def test_pull_refuses_a_name_that_would_be_the_folder_of_a_local_name_of_the_other_kind(
+        tmp_path: Path, remote: casstore.Remote) -> None:
+    """A head 'x' pulled beside a local pin 'x/y' (refs refuses the pair now): refused before any ref moves."""
+    s1, s2 = casstore.open(tmp_path / "s1"), casstore.open(tmp_path / "s2")
+    with s1.edit("x") as m:
+        m["a"] = s1.put(b"1")
+    with s1.edit("other") as m:
+        m["a"] = s1.put(b"2")
+    s1.push(remote)
+    with s2.edit("x/y") as m:
+        m["a"] = s2.put(b"3")
+    s2.freeze("x/y")
+    with pytest.raises(casstore.NameExistsError, match=r"head 'x' there clashes with the local pin 'x/y'.*nothing was"):
+        s2.pull(remote)
+    assert s2.heads() == {} and list(s2.pins()) == ["x/y"]

@@ -88,7 +88,7 @@ def test_cli_remote_add_refuses_an_invalid_endpoint_in_one_line(tmp_path: Path) 
     root = casstore.open(tmp_path / "s").root
     r = _cli(root, "remote", "add", "o2", "s3://hunt/p7", "--endpoint-url", "not a url at all")
     _assert_one_typed_line(r)
-    assert "endpoint_url" in r.stderr and "http(s)://host[:port]" in r.stderr, r.stderr
+    assert "--endpoint-url" in r.stderr and "http(s)://host[:port]" in r.stderr, r.stderr  # (CLI words)
     assert not (root / "remotes.toml").exists()
 
 

@@ -349,7 +349,6 @@ _CLI_WORDS: Tuple[Tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\bstore\.pull\(remote, '([^']*)'\)"), r"`casstore pull REMOTE \1`"),
     (re.compile(r"\bkeep_history\b"), "--keep-history"),
     (re.compile(r"\bmax_bytes\b"), "--max-size"),
-    (re.compile(r"\bendpoint_url\b"), "--endpoint-url"),
     (re.compile(r"\b(sha256|md5)='"), r"--\1 '"),
     (re.compile(r"\bstore\.freeze\('([^']*)'\)"), r"`casstore freeze \1`"),
     (re.compile(r"\bstore\.edit\('([^']*)'\)"), r"`casstore add \1 DIR` or `casstore manifest set \1 KEY FILE`"),
@@ -363,8 +362,15 @@ _CLI_WORDS: Tuple[Tuple[re.Pattern[str], str], ...] = (
 )
 
 
+# Names that are a flag on the command line but a key in a settings file: reworded only where the
+# message is not about the file (a remotes.toml error must name the key to fix).
+_FLAG_OR_KEY = re.compile(r"\bendpoint_url\b")
+
+
 def cli_words(text: str) -> str:
     """A library message with its Python-API hints in CLI words (``overwrite=True`` -> ``--overwrite``)."""
     for pattern, words in _CLI_WORDS:
         text = pattern.sub(words, text)
+    if ".toml" not in text:
+        text = _FLAG_OR_KEY.sub("--endpoint-url", text)
     return text

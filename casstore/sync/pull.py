@@ -283,14 +283,22 @@ def _refuse_name_clashes(store: Store, rem: Remote, targets: List[Tuple[str, str
     take), the remaining names were never pulled and the report was lost.
     """
     where = rem.describe()
+    # Names of both kinds: a head cannot be the folder of a pin either (refs/local.py: a head becomes the
+    # pin of its own name, which is not a clash).
+    both: Set[str] = set()
+    kind_of: Dict[str, str] = {}
+    for kind in ("pins", "heads"):
+        listing = store.refs.scan(kind)
+        for n in (*listing.refs, *listing.damaged):
+            kind_of.setdefault(n, kind[:-1])
+            both.add(n)
+    both |= {n for _k, n, _d in targets}
     for kind in ("pins", "heads"):
         wanted = sorted({n for k, n, _ in targets if k == kind})
         if not wanted:
             continue
-        listing = store.refs.scan(kind)
-        local = set(listing.refs) | set(listing.damaged)
-        every = sorted(set(wanted) | local)
-        present = set(every)
+        every = sorted(both)
+        present = both
         for name in wanted:
             parts = name.split("/")
             clash = [p for i in range(1, len(parts)) if (p := "/".join(parts[:i])) in present]
@@ -308,7 +316,8 @@ def _refuse_name_clashes(store: Store, rem: Remote, targets: List[Tuple[str, str
                         f"one on the store that pushed it (`casstore mv {sub} NEW`) and push it again"
                     )
                 raise NameExistsError(
-                    f"pull from {where}: {what} {name!r} there clashes with the local {what} {other!r} in the store "
+                    f"pull from {where}: {what} {name!r} there clashes with the local {kind_of.get(other, what)} "
+                    f"{other!r} in the store "
                     f"at {store.root} (a name cannot also be the folder of another name); nothing was pulled. "
                     f"Rename the local one (`casstore mv {other} NEW`) and pull again, or rename {name!r} on the "
                     "store that pushed it and push it again"
