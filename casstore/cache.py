@@ -241,10 +241,11 @@ class _Hasher:
                     cls.busy = 0  # a forked child starts with no puts in flight (the parent's were not its own)
                     cls.quiet = threading.Event()
                 pool = cls.pool
+        fut = pool.submit(_xxh3, data)  # (raises after interpreter shutdown: then nothing is in flight)
         with cls.guard:
             cls.busy += 1
             cls.quiet.clear()
-        return pool.submit(_xxh3, data)
+        return fut
 
     @classmethod
     def done(cls) -> None:

@@ -548,6 +548,28 @@ def test_the_follower_steps_aside_while_a_large_put_is_in_flight(store: casstore
     c.close()
 
 
+def test_a_put_that_cannot_start_its_hash_leaves_nothing_in_flight(store: casstore.Store) -> None:
+    # A large put failing at submit (the helper pool refuses work at interpreter shutdown) must
+    # not leave the follower waiting forever for a put that never began.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from casstore.cache import _Hasher
+
+    c = IndexCache(store, 4)
+    dead = ThreadPoolExecutor(1)
+    dead.shutdown()
+    old = _Hasher.pool, _Hasher.pid
+    _Hasher.pool, _Hasher.pid = dead, os.getpid()
+    try:
+        with pytest.raises(RuntimeError, match="shutdown"):
+            c.put(0, bytes(2 * MIB))
+        assert _Hasher.busy == 0
+    finally:
+        _Hasher.pool, _Hasher.pid = old
+    assert c.put(0, bytes(2 * MIB)) and c.get(0) == bytes(2 * MIB)
+    c.close()
+
+
 def test_preserve_never_waits_for_a_put_in_flight_elsewhere(store: casstore.Store) -> None:
     # The follower, waiting for a large put to end, hands over to preserve at once.
     import threading
