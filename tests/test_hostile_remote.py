@@ -396,6 +396,39 @@ def test_a_body_that_trickles_fails_in_bounded_time(tmp_path: Path, aws_credenti
         srv.shutdown()
 
 
+def test_a_body_cut_short_is_a_network_failure_not_a_corrupt_object(tmp_path: Path, aws_credentials: Any) -> None:
+    # Hazard (CI, a server SIGKILLed mid-pull): the connection closed after 3,697 of 8,000 announced
+    # bytes, the short body was hashed, and the remote object was reported corrupt.
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Cut(BaseHTTPRequestHandler):
+        def log_message(self, *a: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Length", "8000")
+            self.send_header("ETag", '"x"')
+            self.end_headers()
+            self.wfile.write(b"a" * 3697)
+            self.wfile.flush()
+            self.close_connection = True
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Cut)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        r = casstore.Remote("s3://cut/x", endpoint_url=f"http://127.0.0.1:{srv.server_address[1]}",
+                            read_timeout=2, connect_timeout=2, max_attempts=1, progress=False)
+        s = casstore.open(tmp_path / "s", upstream=r)
+        with pytest.raises(casstore.BackendError) as ei:
+            s.get(casstore.Digest("ab" * 32))
+        assert not isinstance(ei.value, casstore.IntegrityError), ei.value
+        assert "corrupt" not in str(ei.value)
+    finally:
+        srv.shutdown()
+
+
 def test_a_pulled_version_with_a_key_that_is_also_a_directory_is_refused(tmp_path: Path, remote: casstore.Remote,
                                                                          seaweed: Any) -> None:
     """Found by a bug hunt: keys "a" and "a/b" (edit refuses the pair) came in by pull as a head that

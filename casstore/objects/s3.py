@@ -103,6 +103,21 @@ Readable = Union[BinaryIO, io.RawIOBase]
 # -- error classification (botocore ClientError responses) ---------------------------------------
 
 
+
+def _check_complete(data: bytes, announced: int, limit: Optional[int]) -> None:
+    """Raise botocore's ``IncompleteReadError`` for a body that ended before its announced length.
+
+    Hazard (CI, a server SIGKILLed mid-pull): ``StreamingBody.read(n)`` checks the length only
+    when it reads nothing, so a connection cut after 3,697 of 8,000 bytes gave a short body, and
+    its hash reported the remote object corrupt.  A cut is a network failure (the caller's
+    ``BotoCoreError`` handler words it so).  ``limit``: at most ``limit + 1`` bytes were asked for.
+    """
+    want = announced if limit is None else min(announced, limit + 1)
+    if announced and len(data) < want:
+        from botocore.exceptions import IncompleteReadError
+
+        raise IncompleteReadError(actual_bytes=len(data), expected_bytes=want)
+
 def _code_status(e: BaseException) -> Tuple[str, Optional[int]]:
     err = getattr(e, "response", None) or {}
     code = str(err.get("Error", {}).get("Code", ""))
@@ -446,6 +461,7 @@ class S3Connection:
                     return S3Body(None, size, etag)
                 # Read at most limit + 1 bytes whatever Content-Length said: one more proves "too large".
                 data: bytes = body.read() if limit is None else body.read(limit + 1)
+                _check_complete(data, size, limit)
                 if limit is not None and len(data) > limit:
                     return S3Body(None, max(size, len(data)), etag)
                 return S3Body(data, size, etag)
@@ -479,6 +495,7 @@ class S3Connection:
             body = r["Body"]
             try:
                 data: bytes = body.read(length)
+                _check_complete(data, int(r.get("ContentLength", 0)), length - 1)
             finally:
                 body.close()
             return data
