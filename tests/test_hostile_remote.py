@@ -21,8 +21,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import _seaweed
 import blake3
@@ -353,80 +354,77 @@ def test_push_refuses_a_name_that_clashes_by_prefix_with_a_remote_name(tmp_path:
     assert remote.refs.names("heads") == ["w/v", "x"]
 
 
+@contextmanager
+def _reading_through(tmp_path: Path, length: int, body: Callable[[Any], None],
+                     read_timeout: float) -> Iterator[casstore.Store]:
+    """A store reading through a loopback HTTP server whose every GET answers 200 announcing
+    ``length`` bytes, then calls ``body(handler)`` to send what it sends."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Length", str(length))
+            self.send_header("ETag", '"x"')
+            self.end_headers()
+            body(self)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        r = casstore.Remote("s3://fake/x", endpoint_url=f"http://127.0.0.1:{srv.server_address[1]}",
+                            read_timeout=read_timeout, connect_timeout=2, max_attempts=1, progress=False)
+        yield casstore.open(tmp_path / "s", upstream=r)
+    finally:
+        srv.shutdown()
+
+
 def test_a_body_that_trickles_fails_in_bounded_time(tmp_path: Path, aws_credentials: Any) -> None:
     # Hazard (bug hunt): per-read timeouts never fire for a server sending a byte every 1.5 s, so a
     # read-through get with read_timeout=2 ran as long as the server liked.
     import threading
     import time
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     stop = threading.Event()
 
-    class Drip(BaseHTTPRequestHandler):
-        def log_message(self, *a: Any) -> None:
+    def drip(h: Any) -> None:
+        try:
+            for _ in range(40):
+                if stop.is_set():
+                    return
+                h.wfile.write(b"a")
+                h.wfile.flush()
+                time.sleep(0.5)
+        except OSError:
             pass
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            self.send_response(200)
-            self.send_header("Content-Length", "40")
-            self.send_header("ETag", '"x"')
-            self.end_headers()
-            try:
-                for _ in range(40):
-                    if stop.is_set():
-                        return
-                    self.wfile.write(b"a")
-                    self.wfile.flush()
-                    time.sleep(0.5)
-            except OSError:
-                pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Drip)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        r = casstore.Remote("s3://drip/x", endpoint_url=f"http://127.0.0.1:{srv.server_address[1]}",
-                            read_timeout=0.7, connect_timeout=2, max_attempts=1, progress=False)
-        s = casstore.open(tmp_path / "s", upstream=r)
-        t0 = time.monotonic()
-        with pytest.raises(casstore.NetworkTimeout, match="too slow"):
-            s.get(casstore.Digest("ab" * 32))
-        assert time.monotonic() - t0 < 8  # 2 read timeouts + 40 bytes; the trickle takes 20 s
+        with _reading_through(tmp_path, 40, drip, 0.7) as s:
+            t0 = time.monotonic()
+            with pytest.raises(casstore.NetworkTimeout, match="too slow"):
+                s.get(casstore.Digest("ab" * 32))
+            assert time.monotonic() - t0 < 8  # 2 read timeouts + 40 bytes; the trickle takes 20 s
     finally:
         stop.set()
-        srv.shutdown()
 
 
 def test_a_body_cut_short_is_a_network_failure_not_a_corrupt_object(tmp_path: Path, aws_credentials: Any) -> None:
     # Hazard (CI, a server SIGKILLed mid-pull): the connection closed after 3,697 of 8,000 announced
     # bytes, the short body was hashed, and the remote object was reported corrupt.
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    def cut(h: Any) -> None:
+        h.wfile.write(b"a" * 3697)
+        h.wfile.flush()
+        h.close_connection = True
 
-    class Cut(BaseHTTPRequestHandler):
-        def log_message(self, *a: Any) -> None:
-            pass
-
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            self.send_response(200)
-            self.send_header("Content-Length", "8000")
-            self.send_header("ETag", '"x"')
-            self.end_headers()
-            self.wfile.write(b"a" * 3697)
-            self.wfile.flush()
-            self.close_connection = True
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Cut)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        r = casstore.Remote("s3://cut/x", endpoint_url=f"http://127.0.0.1:{srv.server_address[1]}",
-                            read_timeout=2, connect_timeout=2, max_attempts=1, progress=False)
-        s = casstore.open(tmp_path / "s", upstream=r)
+    with _reading_through(tmp_path, 8000, cut, 2) as s:
         with pytest.raises(casstore.BackendError) as ei:
             s.get(casstore.Digest("ab" * 32))
         assert not isinstance(ei.value, casstore.IntegrityError), ei.value
         assert "corrupt" not in str(ei.value)
-    finally:
-        srv.shutdown()
 
 
 def test_a_pulled_version_with_a_key_that_is_also_a_directory_is_refused(tmp_path: Path, remote: casstore.Remote,
