@@ -786,17 +786,23 @@ class Staging:
     created it, so a forked child can never delete its parent's staging file.
     """
 
-    __slots__ = ("path", "fd", "_pid", "_done")
+    __slots__ = ("_at", "fd", "_pid", "_done")
 
     def __init__(self, tmpdir: Path, kind: str = "tmp") -> None:
-        name = f"{process_token()}.{os.urandom(8).hex()}.{kind}"
-        self.path = tmpdir / name
+        # (Strings, not Paths: a folder add or a tree commit stages hundreds of small files, and a
+        # pathlib join per file cost more than the system call that creates it.)
+        self._at = f"{os.fspath(tmpdir)}{os.sep}{process_token()}.{os.urandom(8).hex()}.{kind}"
         self._pid = os.getpid()
         self._done = False
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            self.fd = os.open(self._at, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except OSError as e:
             raise disk_full(e, tmpdir) from None
+
+    @property
+    def path(self) -> Path:
+        """Where the staged bytes are until :meth:`commit`."""
+        return Path(self._at)
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Write all of ``data`` (looping over short writes); returns its length."""
@@ -807,7 +813,7 @@ class Staging:
             while off < n:
                 off += os.write(self.fd, mv[off:])
         except OSError as e:
-            raise disk_full(e, self.path.parent) from None
+            raise disk_full(e, Path(os.path.dirname(self._at))) from None
         return n
 
     def preallocate(self, n: int) -> None:
@@ -824,7 +830,7 @@ class Staging:
         if fn(self.fd, _FALLOC_FL_KEEP_SIZE, 0, n) != 0:
             err = ctypes.get_errno()
             if err in NO_SPACE:
-                raise disk_full(OSError(err, os.strerror(err)), self.path.parent)
+                raise disk_full(OSError(err, os.strerror(err)), Path(os.path.dirname(self._at)))
 
     def start_writeback(self, off: int, n: int) -> None:
         """Ask the kernel to start writing ``n`` bytes from ``off`` to disk now, without waiting.
@@ -837,13 +843,17 @@ class Staging:
         """fsync the staged data."""
         os.fsync(self.fd)
 
-    def commit(self, dest: Path, *, durable: bool, mode: int = 0o444, synced: bool = False,
-               sync_dir: bool = True) -> None:
+    def commit(self, dest: os.PathLike[str] | str, *, durable: bool, mode: int = 0o444, synced: bool = False,
+               sync_dir: bool = True, links_checked: bool = False) -> None:
         """Make the staged bytes visible as ``dest`` atomically.
 
         ``durable``: fsync data (unless ``synced``) before the rename and the
         directory after it.  ``sync_dir=False`` lets a batch sync directories once.
+        ``links_checked``: the caller already refused links on the way to ``dest``'s
+        directory (:func:`refuse_links_between`; a batch checks each directory once).
         """
+        to = os.fspath(dest)
+        parent = os.path.dirname(to)
         try:
             try:
                 os.fchmod(self.fd, mode)
@@ -852,19 +862,20 @@ class Staging:
             finally:
                 os.close(self.fd)
                 self.fd = -1
-            refuse_links_between(os.path.dirname(dest), os.path.dirname(os.path.dirname(self.path)))
+            if not links_checked:
+                refuse_links_between(parent, os.path.dirname(os.path.dirname(self._at)))
             try:
-                os.rename(self.path, dest)
+                os.rename(self._at, to)
             except FileNotFoundError:
                 # First object in this fan-out directory: create it, make the new
                 # directory entry durable, then retry the rename.
-                makedirs(dest.parent, durable)
-                os.rename(self.path, dest)
+                makedirs(Path(parent), durable)
+                os.rename(self._at, to)
         except OSError as e:
-            raise disk_full(e, dest.parent) from None
+            raise disk_full(e, Path(parent)) from None
         self._done = True
         if durable and sync_dir:
-            fsync_dir(dest.parent)
+            fsync_dir(parent)
 
     def abort(self) -> None:
         """Close and remove the temp file (no-op in a forked child)."""
@@ -873,7 +884,7 @@ class Staging:
             self.fd = -1
         if not self._done and os.getpid() == self._pid:
             try:
-                os.unlink(self.path)
+                os.unlink(self._at)
             except FileNotFoundError:
                 pass
         self._done = True

@@ -1042,6 +1042,11 @@ class _Builder:
         if _ends(key, 0):
             self._flush(0)
 
+    def add_leaf(self, items: List[Tuple[str, Raw]]) -> None:
+        """A whole leaf with an old leaf's keys (same boundaries), while level 0 holds nothing."""
+        self.recv[0] += len(items)
+        self.add_ref(1, self.w.leaf(items))
+
     def add_ref(self, level: int, ref: Ref) -> None:
         """``ref`` is a node of level ``level - 1``, an item for the chunker of ``level``."""
         self._level(level)
@@ -1395,14 +1400,20 @@ def _update(r: _Reader, root: Ref, root_level: int, changes: List[Tuple[str, Opt
                     b.add_entry(k, v)
                 return
             merged = dict(node)
-            added = False
+            added = removed = False
             for k, nv in changes[ci:end]:
                 if nv is None:
-                    merged.pop(k, None)
+                    removed = merged.pop(k, None) is not None or removed
                 else:
                     added = added or k not in merged
                     merged[k] = nv
             ci = end
+            if not added and not removed and b.clean_upto(0):
+                # The same keys with new values (a folder's modified files): boundaries depend on
+                # keys only, so the leaf ends where it did and is rebuilt whole, without ranking
+                # each of its keys again (a 1% add of 10,000 files: ~1,600 key hashes less).
+                b.add_leaf(list(merged.items()))
+                return
             for k in (sorted(merged) if added else list(merged)):
                 b.add_entry(k, merged[k])
             return

@@ -44,6 +44,7 @@ from typing import (
     NamedTuple,
     Optional,
     Sequence,
+    Set,
     Tuple,
     TypeVar,
     Union,
@@ -65,6 +66,7 @@ from .._fs import (
     pwrite_all,
     read_up_to,
     read_whole_reused,
+    refuse_links_between,
     run_beside,
     stamp_floor_ns,
     syncfs,
@@ -643,8 +645,7 @@ class LocalObjects(ObjectStore):
     def publish(self, st: Staging, d: Digest, codec: Codec, *, synced: bool = False,
                 durable: Optional[bool] = None, sync_dir: bool = True) -> None:
         """Make a fully written staging file the object ``d`` (stored with ``codec``) by rename."""
-        dest = object_path(self.root, d, codec)
-        st.commit(dest, durable=self.durable if durable is None else durable, mode=_MODE,
+        st.commit(self._path_s(d, codec), durable=self.durable if durable is None else durable, mode=_MODE,
                   synced=synced, sync_dir=sync_dir)
 
     @property
@@ -675,8 +676,14 @@ class LocalObjects(ObjectStore):
                 return
             if self.durable and items:
                 syncfs(self.tmp)
+            checked: Set[str] = set()  # fan-out directories refused links once for the whole batch
             for it in items:
-                self.publish(it.staging, it.digest, it.codec, durable=False)
+                dest = self._path_s(it.digest, it.codec)
+                parent = os.path.dirname(dest)
+                if parent not in checked:
+                    refuse_links_between(parent, self._root_s)
+                    checked.add(parent)
+                it.staging.commit(dest, durable=False, mode=_MODE, links_checked=True)
             if self.durable and items:
                 syncfs(self.tmp)
         finally:
@@ -1246,21 +1253,31 @@ class LocalObjects(ObjectStore):
     def _read(self, digest: Digest, verify: bool) -> bytes:
         loc = self.locate(digest)
         fd, st = open_object_file(loc.path, digest)
-        with open(fd, "rb", buffering=0) as f:
-            if not loc.codec.byte_exact:
-                size = self._size(fd, st.st_size, loc, digest)
-                data = loc.codec.decode(f.read(), size, what=f"object {digest} (file {loc.path})")
+        try:
+            if loc.codec.byte_exact and st.st_size < OVERLAP_MIN:
+                # One pread, no file object: a commit reads hundreds of small tree nodes.
+                data = os.pread(fd, st.st_size, 0) if st.st_size else b""
+                if len(data) != st.st_size:
+                    raise IntegrityError(f"object {digest} changed size while being read ({loc.path})")
                 got = hash_bytes(data) if verify else digest
             else:
-                size = st.st_size
-                filled = fresh_bytes(size) if size >= OVERLAP_MIN else None
-                if filled is not None:
-                    data, got = self._read_hashing(fd, size, filled, digest, loc.path, verify)
-                else:
-                    data = read_up_to(f, size)
-                    if len(data) != size:
-                        raise IntegrityError(f"object {digest} changed size while being read ({loc.path})")
-                    got = hash_bytes(data) if verify else digest
+                with open(fd, "rb", buffering=0, closefd=False) as f:
+                    if not loc.codec.byte_exact:
+                        size = self._size(fd, st.st_size, loc, digest)
+                        data = loc.codec.decode(f.read(), size, what=f"object {digest} (file {loc.path})")
+                        got = hash_bytes(data) if verify else digest
+                    else:
+                        size = st.st_size
+                        filled = fresh_bytes(size)
+                        if filled is not None:
+                            data, got = self._read_hashing(fd, size, filled, digest, loc.path, verify)
+                        else:
+                            data = read_up_to(f, size)
+                            if len(data) != size:
+                                raise IntegrityError(f"object {digest} changed size while being read ({loc.path})")
+                            got = hash_bytes(data) if verify else digest
+        finally:
+            os.close(fd)
         if got != digest:
             raise IntegrityError(
                 f"object {digest} is corrupt: its bytes hash to {got}; file {loc.path}. "
