@@ -1133,12 +1133,14 @@ def _decode_node(data: bytes, d: bytes, level: int, what: str) -> Node:
                 and type(c[2]) is int and c[2] > 0 and type(c[3]) is int and c[3] >= 0):
             raise _bad(what, d, f"has a malformed child {c!r:.100} (expected [last key, 32-byte digest, "
                                 "entry count > 0, byte total >= 0])")
-        try:
-            validate_key(c[0])
-        except Exception:  # noqa: BLE001 - any refusal of a key is a damaged node
-            raise _bad(what, d, f"has an invalid key {c[0]!r:.200}") from None
         refs.append((c[0], c[1], c[2], c[3]))
     keys = [r[0] for r in refs]
+    if not _keys_plainly_valid(keys):  # (one bulk check; each key alone only when it fails)
+        for k in keys:
+            try:
+                validate_key(k)
+            except Exception:  # noqa: BLE001 - any refusal of a key is a damaged node
+                raise _bad(what, d, f"has an invalid key {k!r:.200}") from None
     if any(a >= b for a, b in zip(keys, keys[1:], strict=False)):
         raise _bad(what, d, "has children out of order")
     return keys, refs
@@ -1359,8 +1361,10 @@ class TreeEntryMap(EntryMap):
     def with_changes(self, changes: Mapping[str, Optional[Entry]]) -> EntryMap:
         """A new map with ``changes`` applied; only nodes on the paths to changed keys are rebuilt."""
         todo: List[Tuple[str, Optional[Raw]]] = []
+        plain = _keys_plainly_valid(list(changes))  # (one bulk check; each key alone only when it fails)
         for k, e in changes.items():
-            validate_key(k)
+            if not plain:
+                validate_key(k)
             if e is not None and not isinstance(e, Entry):
                 raise InvalidTypeError(f"manifest entry {k!r:.200} must be an Entry, not {type(e).__name__}")
             todo.append((k, entry_to_raw(e) if e is not None else None))
