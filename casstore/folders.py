@@ -754,6 +754,7 @@ def _read_one(store: Store, root_fd: int, key: str, keep: bool
                     # publish makes visible; publishing waits for the batch (one syncfs per batch).
                     staged = store.objects.stage_fd(fd, before.st_size)
                     d = staged.digest
+                    fault("folders.staged")
                 else:
                     d = hash_fd(fd, before.st_size)
                 after = os.fstat(fd)

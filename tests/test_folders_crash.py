@@ -8,6 +8,7 @@ naming an object the store lacks, and the next add completes.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import random
@@ -23,7 +24,7 @@ import pytest
 from conftest import PYTHON, assert_all_objects_valid
 
 import casstore
-from casstore import folders
+from casstore import _faults, folders
 from casstore.objects import local as objlocal
 
 N_FILES = 120
@@ -142,6 +143,55 @@ def test_sigkill_at_a_batch_or_before_the_commit(tmp_path: Path, point: str, nth
     else:
         assert len(published) == 16 * (nth - 1)  # whole batches only
     _check_after_crash(root, src, files)
+
+
+def test_a_failure_in_the_middle_of_a_run_of_files_leaves_no_staged_copy(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The pool reads files in runs of up to 8 (one task each): a file failing after others of its run were
+    # staged must take their staged copies with it, as must the runs still in flight.
+    src = tmp_path / "src"
+    files = _folder(src)
+    s = casstore.open(tmp_path / "store")
+    calls = []
+
+    def hook(point: str) -> None:
+        if point == "folders.staged":
+            calls.append(point)
+            if len(calls) == 5:  # (the fifth file: the middle of the first run)
+                raise OSError(errno.EIO, "injected read error")
+
+    monkeypatch.setattr(_faults, "hook", hook)
+    with pytest.raises(OSError, match="injected"):
+        s.add("exp", src)
+    assert len(calls) >= 5
+    assert os.listdir(s.root / "tmp") == []  # every staged copy removed
+    assert assert_all_objects_valid(s.root) == []  # nothing published: no batch was full
+    monkeypatch.setattr(_faults, "hook", None)
+    with pytest.raises(casstore.ManifestNotFoundError):
+        s.manifest("exp")
+    r = s.add("exp", src)
+    assert {k: s.get(e.digest) for k, e in r.manifest.entries.items()} == files
+
+
+def test_a_file_gone_in_the_middle_of_a_run_is_skipped_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    src = tmp_path / "src"
+    files = _folder(src)
+    s = casstore.open(tmp_path / "store")
+    calls = []
+
+    def hook(point: str) -> None:
+        if point == "folders.staged":
+            calls.append(point)
+            if len(calls) == 3:  # (as when the file is removed between the walk and its read)
+                raise FileNotFoundError(errno.ENOENT, "injected: gone")
+
+    monkeypatch.setattr(_faults, "hook", hook)
+    r = s.add("exp", src)
+    assert len(r.manifest) == len(files) - 1  # the others of its run are in the version
+    assert sum("removed or replaced while the folder was read" in m for m in caplog.messages) == 1
+    assert os.listdir(s.root / "tmp") == []
+    assert {k: s.get(e.digest) for k, e in r.manifest.entries.items()}.items() <= files.items()
 
 
 @pytest.mark.slow

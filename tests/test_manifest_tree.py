@@ -389,6 +389,20 @@ def test_hostile_nodes_are_refused_naming_the_version(hstore: casstore.Store, ca
     assert str(v) in str(ei.value)
 
 
+@pytest.mark.parametrize("bad", ["../b", "b/", "a//b", "a/./b", "\x00b"])
+def test_an_inner_node_naming_an_invalid_key_is_refused(hstore: casstore.Store, bad: str) -> None:
+    # Inner nodes' keys are checked in bulk first, then one by one (the bulk check must not let one pass).
+    e = _e(hstore)
+    v0 = _version(hstore, [{"a": e, "b": e}, {"c": e, "d": e}])
+    root = msgpack.unpackb(hstore.get(v0))["tree"][0]
+    kids = msgpack.unpackb(hstore.get(casstore.Digest.from_bytes(root)))["children"]
+    kids[0][0] = bad
+    v = _version(hstore, [{"a": e, "b": e}, {"c": e, "d": e}], kids)
+    with pytest.raises(StoreFormatError, match="invalid key") as ei:
+        list(hstore.manifest(v).items())
+    assert str(v) in str(ei.value)
+
+
 def test_missing_and_corrupt_nodes_are_typed_errors(hstore: casstore.Store) -> None:
     e = _e(hstore)
     v = _version(hstore, [{"a": e, "b": e}, {"c": e, "d": e}])
