@@ -25,6 +25,7 @@ from conftest import PYTHON, assert_all_objects_valid
 
 import casstore
 from casstore import _faults, folders
+from casstore.manifests import model
 from casstore.objects import local as objlocal
 
 N_FILES = 120
@@ -125,7 +126,7 @@ def _check_after_crash(root: Path, src: Path, files: Dict[str, bytes]) -> None:
 
 
 @pytest.mark.parametrize("point,nth", [("folders.before_batch", 1), ("folders.before_batch", 3),
-                                       ("folders.before_commit", 1)])
+                                       ("folders.before_commit", 1), ("manifest.before_object", 1)])
 def test_sigkill_at_a_batch_or_before_the_commit(tmp_path: Path, point: str, nth: int) -> None:
     src = tmp_path / "src"
     files = _folder(src)
@@ -138,11 +139,57 @@ def test_sigkill_at_a_batch_or_before_the_commit(tmp_path: Path, point: str, nth
     with pytest.raises(casstore.ManifestNotFoundError):
         s.manifest("exp")  # killed before the commit: no version at all
     published = assert_all_objects_valid(root)
-    if point == "folders.before_commit":
-        assert len(published) == N_FILES  # every object was published before the commit was tried
+    if point in ("folders.before_commit", "manifest.before_object"):
+        # Every full batch was published before the commit was tried; the last one waits for the
+        # commit, which publishes it with the version (and was killed before it could).
+        assert len(published) == 16 * (N_FILES // 16)
     else:
         assert len(published) == 16 * (nth - 1)  # whole batches only
     _check_after_crash(root, src, files)
+
+
+def test_a_tree_commit_publishes_the_last_files_with_its_nodes(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # The last batch of files and the version's tree nodes share one pair of syncs: an add that
+    # fits one batch syncs the filesystem twice, not four times.
+    monkeypatch.setattr(model, "TREE_THRESHOLD", 16)
+    src = tmp_path / "src"
+    files = _folder(src, n=60)
+    s = casstore.open(tmp_path / "store")
+    assert s.durable
+    s.add("exp", src)
+    for i, k in enumerate(sorted(files)[:20]):  # a change touching several leaves
+        (src / k).write_bytes(b"new %d" % i)
+        files[k] = b"new %d" % i
+    syncs: List[str] = []
+    real_syncfs = objlocal.syncfs
+    monkeypatch.setattr(objlocal, "syncfs", lambda p: (syncs.append(str(p)), real_syncfs(p))[1])
+    r = s.add("exp", src)
+    assert r.manifest.entries.is_tree and len(r.modified) == 20
+    assert len(syncs) == 2  # one before the renames of files, nodes and version together, one after
+    assert {k: s.get(e.digest) for k, e in s.manifest("exp").entries.items()} == files
+    assert os.listdir(s.root / "tmp") == []
+    assert s.verify().ok
+
+
+def test_a_commit_that_fails_removes_the_files_it_was_to_publish(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "src"
+    files = _folder(src, n=40)
+    s = casstore.open(tmp_path / "store")
+
+    def hook(point: str) -> None:
+        if point == "manifest.before_object":
+            raise OSError(errno.EIO, "injected commit failure")
+
+    monkeypatch.setattr(_faults, "hook", hook)
+    with pytest.raises(OSError, match="injected"):
+        s.add("exp", src)
+    assert os.listdir(s.root / "tmp") == []  # the held batch's staged copies are gone
+    assert assert_all_objects_valid(s.root) == []  # (one batch, held: nothing was published)
+    monkeypatch.setattr(_faults, "hook", None)
+    r = s.add("exp", src)
+    assert {k: s.get(e.digest) for k, e in r.manifest.entries.items()} == files
 
 
 def test_a_failure_in_the_middle_of_a_run_of_files_leaves_no_staged_copy(tmp_path: Path,

@@ -72,7 +72,7 @@ from ..errors import InvalidInputError, InvalidTypeError, ObjectNotFoundError, S
 
 if TYPE_CHECKING:
     from ..objects.base import ObjectStore
-    from ..objects.local import LocalObjects
+    from ..objects.local import LocalObjects, StagedObject
 
 try:  # CPython's own BLAKE2: hashlib would also load OpenSSL's bindings (2.5 ms of every CLI start)
     from _blake2 import blake2b as _blake2b
@@ -853,11 +853,13 @@ def refuse_big_non_manifest(objects: ObjectStore, d: Digest) -> None:
                                "name a version (NAME, NAME~N, NAME@HEX or a version's digest)")
 
 
-def put_version(objects: LocalObjects, doc: ManifestDoc) -> Digest:
+def put_version(objects: LocalObjects, doc: ManifestDoc, first: Sequence[StagedObject] = ()) -> Digest:
     """Store a version as a raw object (docs/format.md: manifest versions are never compressed); its digest.
 
     The bytes are ``doc.encode()``; a version made by :meth:`ManifestDoc.build`
     or :func:`decode_manifest` is valid, so reading it back skips validation.
+    ``first``: staged objects its entries name, published (durably) before it: with a tree's
+    nodes in their batch, else in a batch of their own.
     """
     # Flat up to TREE_THRESHOLD entries, a tree above (docs/format.md); a tree's new nodes are
     # published in one durable batch (put_many: one syncfs before the renames and one after),
@@ -867,8 +869,9 @@ def put_version(objects: LocalObjects, doc: ManifestDoc) -> Digest:
     entries, nodes = shape_for_store(doc.entries, objects)
     version = ManifestDoc(entries, doc.meta, doc.parent).encode()
     if nodes:
-        d = objects.put_many([*nodes, version], compress=False)[-1]
+        d = objects.put_many([*nodes, version], compress=False, first=first)[-1]
     else:
+        objects.publish_batch(first)
         d = objects.put(version, compress=False)
     _remember(d)
     return d

@@ -52,6 +52,7 @@ from typing import (
     Mapping,
     MutableMapping,
     Optional,
+    Sequence,
     Tuple,
     Type,
     Union,
@@ -95,6 +96,7 @@ from .provenance import derive_params, input_labels
 
 if TYPE_CHECKING:
     from ..objects.base import ObjectInfo
+    from ..objects.local import StagedObject
     from ..store import Store
 
 __all__ = [
@@ -246,6 +248,24 @@ class ManifestEditor(MutableMapping[str, Entry]):
         self.result: Optional[Manifest] = base
         """The committed version after the ``with`` block (or the base if nothing changed)."""
         self._head: Optional[Ref] = None  # the head as read at the start: what the commit's claim expects
+        self._staged: List[StagedObject] = []  # published with the version (publish_with)
+        self._staged_sizes: Dict[Digest, int] = {}
+
+    def publish_with(self, staged: Sequence[StagedObject], sizes: Mapping[Digest, int]) -> None:
+        """Objects staged in this store but not yet published (``LocalObjects.stage_fd``, absent
+        from the store) that this edit's entries may name, with their sizes: the commit publishes
+        them durably in the same batch as the new version's tree nodes, before the version
+        (a folder ``add``: one pair of ``syncfs`` for its last files and its nodes instead of two).
+        Whatever the commit does not publish (nothing changed, an error) is removed.
+        """
+        self._staged.extend(staged)
+        self._staged_sizes.update(sizes)
+
+    def discard_staged(self) -> None:
+        """Remove the staged objects :meth:`publish_with` handed over that were not published."""
+        staged, self._staged = self._staged, []
+        for it in staged:
+            it.staging.abort()
 
     def __getitem__(self, key: str) -> Entry:
         if key in self._changes:
@@ -307,6 +327,13 @@ class ManifestEditor(MutableMapping[str, Entry]):
                 out[key] = None
                 continue
             # allow_missing allows *missing* objects; a local one is still checked against its size.
+            size = self._staged_sizes.get(e.digest)
+            if size is not None:  # staged with this edit (publish_with): published with the version
+                if e.size is not None and e.size != size:
+                    raise InvalidInputError(f"manifest {self.name!r}: entry {key!r} says size {e.size} but "
+                                            f"object {e.digest} has {size} bytes")
+                out[key] = e if e.size is not None else Entry(e.digest, size, e.meta)
+                continue
             try:
                 info = infos.get(e.digest)
                 if info is None:
@@ -371,7 +398,8 @@ class ManifestEditor(MutableMapping[str, Entry]):
             self._check_key_conflicts(entries, base.entries if base is not None else None)
             doc = ManifestDoc.build(entries, meta, base.digest if base is not None else None)
             fault("manifest.before_object")
-            digest = put_version(self._store.objects, doc)
+            staged, self._staged = self._staged, []  # (published by the first try, or removed)
+            digest = put_version(self._store.objects, doc, staged)
             fault("manifest.after_object")  # the version exists; the ref has not moved yet
             # A claim of the head's next position (refs/local.py): under a lock that works it never
             # loses; where locks are granted to everyone another writer may have moved the head since
@@ -470,7 +498,11 @@ class EditTransaction:
                 with commit_lock(self._store, timeout=self._timeout):
                     self.editor.result = self.editor._commit()
         finally:
-            self._lock.release()
+            try:
+                if self.editor is not None:
+                    self.editor.discard_staged()
+            finally:
+                self._lock.release()
 
 
 # -- store-level operations (exposed as Store methods) -------------------------

@@ -813,8 +813,15 @@ class LocalObjects(ObjectStore):
             self.publish(st, d, codec, durable=durable)
 
     @_no_space
-    def put_many(self, items: Iterable[Buffer], *, compress: CompressArg = None) -> List[Digest]:
-        """Store many small objects; durable with one filesystem sync per batch (see :meth:`publish_batch`)."""
+    def put_many(self, items: Iterable[Buffer], *, compress: CompressArg = None,
+                 first: Sequence[StagedObject] = ()) -> List[Digest]:
+        """Store many small objects; durable with one filesystem sync per batch (see :meth:`publish_batch`).
+
+        ``first``: objects staged by the caller (:meth:`stage_fd`, not yet published, known to be
+        absent) published in the first batch, before ``items``: a commit publishes a folder's last
+        files with its tree nodes under one pair of syncs.  Their staging files are removed
+        whatever happens, as :meth:`publish_batch` does.
+        """
         out: List[Digest] = []
 
         def hashed() -> Iterator[Tuple[Digest, memoryview]]:
@@ -824,7 +831,7 @@ class LocalObjects(ObjectStore):
                 out.append(d)
                 yield d, mv
 
-        self._store_batched(hashed(), self.level_for(compress))
+        self._store_batched(hashed(), self.level_for(compress), first)
         return out
 
     @_no_space
@@ -841,10 +848,11 @@ class LocalObjects(ObjectStore):
 
         return self._store_batched(checked(), self.level_for(None))
 
-    def _store_batched(self, items: Iterable[Tuple[Digest, memoryview]], level: Optional[int]) -> int:
+    def _store_batched(self, items: Iterable[Tuple[Digest, memoryview]], level: Optional[int],
+                       first: Sequence[StagedObject] = ()) -> int:
         """Stage hashed items, publishing each batch with :meth:`publish_batch`; returns how many were new."""
-        pending: List[StagedObject] = []
-        seen: set[Digest] = set()
+        pending: List[StagedObject] = list(first)
+        seen: set[Digest] = {it.digest for it in first}
         created = 0
         try:
             for d, mv in items:
