@@ -837,7 +837,7 @@ class _Batcher:
     and durable before :meth:`add` returns.  The last batch is *held* (:meth:`hold`):
     ``add`` hands it to its commit (``ManifestEditor.publish_with``), which publishes
     it durably in the batch of the version's tree nodes, before the version: one pair
-    of ``syncfs`` instead of two (a 1% add of 10,000 files: 2-3 ms).  So no version
+    of ``syncfs`` instead of two (a 1% add of 10,000 files: 7.5 -> 5.9 ms of syncs).  So no version
     ever names an object that a crash could lose, and a crash before it leaves only
     whole objects (and staging files in ``tmp/`` that the sweep removes).
     """
