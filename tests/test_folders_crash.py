@@ -192,6 +192,20 @@ def test_a_commit_that_fails_removes_the_files_it_was_to_publish(tmp_path: Path,
     assert {k: s.get(e.digest) for k, e in r.manifest.entries.items()} == files
 
 
+def _raise_at_staged(monkeypatch: pytest.MonkeyPatch, nth: int, exc: BaseException) -> List[str]:
+    """Make the ``nth`` file the add stages raise ``exc`` (after it was staged); returns the calls seen."""
+    calls: List[str] = []
+
+    def hook(point: str) -> None:
+        if point == "folders.staged":
+            calls.append(point)
+            if len(calls) == nth:
+                raise exc
+
+    monkeypatch.setattr(_faults, "hook", hook)
+    return calls
+
+
 def test_a_failure_in_the_middle_of_a_run_of_files_leaves_no_staged_copy(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     # The pool reads files in runs of up to 8 (one task each): a file failing after others of its run were
@@ -199,15 +213,8 @@ def test_a_failure_in_the_middle_of_a_run_of_files_leaves_no_staged_copy(tmp_pat
     src = tmp_path / "src"
     files = _folder(src)
     s = casstore.open(tmp_path / "store")
-    calls = []
-
-    def hook(point: str) -> None:
-        if point == "folders.staged":
-            calls.append(point)
-            if len(calls) == 5:  # (the fifth file: the middle of the first run)
-                raise OSError(errno.EIO, "injected read error")
-
-    monkeypatch.setattr(_faults, "hook", hook)
+    # (the fifth file: the middle of the first run)
+    calls = _raise_at_staged(monkeypatch, 5, OSError(errno.EIO, "injected read error"))
     with pytest.raises(OSError, match="injected"):
         s.add("exp", src)
     assert len(calls) >= 5
@@ -225,15 +232,8 @@ def test_a_file_gone_in_the_middle_of_a_run_is_skipped_alone(tmp_path: Path, mon
     src = tmp_path / "src"
     files = _folder(src)
     s = casstore.open(tmp_path / "store")
-    calls = []
-
-    def hook(point: str) -> None:
-        if point == "folders.staged":
-            calls.append(point)
-            if len(calls) == 3:  # (as when the file is removed between the walk and its read)
-                raise FileNotFoundError(errno.ENOENT, "injected: gone")
-
-    monkeypatch.setattr(_faults, "hook", hook)
+    # (as when the file is removed between the walk and its read)
+    _raise_at_staged(monkeypatch, 3, FileNotFoundError(errno.ENOENT, "injected: gone"))
     r = s.add("exp", src)
     assert len(r.manifest) == len(files) - 1  # the others of its run are in the version
     assert sum("removed or replaced while the folder was read" in m for m in caplog.messages) == 1
