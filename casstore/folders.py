@@ -1041,6 +1041,16 @@ def _folder(folder: object) -> Path:
     return Path(os.path.expanduser(raw)).absolute()
 
 
+def _opened(path: Path, refused: str) -> Tuple[int, int]:
+    """The folder's descriptor, and a :func:`stamp_floor_ns` read before its walk's stats (see
+    :func:`_racy`); an unreadable folder is refused saying ``refused``."""
+    try:
+        root_fd = _open_root(path)
+    except _Unreadable as e:
+        raise _denied(path, e, refused) from None
+    return root_fd, stamp_floor_ns()
+
+
 def _warn(skipped: Sequence[Skipped], folder: Path) -> None:
     for s in skipped:  # (a name from disk may hold an escape sequence: never raw to a terminal)
         log.warning("%s: skipped %s: %s", folder, s.path if s.path.isprintable() else repr(s.path), s.reason)
@@ -1095,11 +1105,7 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
     was: Dict[str, Tuple[StatKey, Digest]] = {}  # with a delta: what the cache had for the changed files
     batch = _Batcher(store)  # new objects; its last batch is published by the commit
     try:
-        try:
-            root_fd = _open_root(path)
-        except _Unreadable as e:
-            raise _denied(path, e, "nothing was stored") from None
-        floor = stamp_floor_ns()  # before the walk's stats (see _racy)
+        root_fd, floor = _opened(path, "nothing was stored")
         try:
             files, skipped = _walk(root_fd, patterns, _store_id(store, path, real, root_fd))
             if head is not None and meta is None and mark.matches(head.digest, patterns, files):
@@ -1220,11 +1226,7 @@ def folder_status(store: Store, name: str, folder: object, *, version: Optional[
         base = None  # nothing added yet: every file is new
     real, cache_path = _cache_path(store, path)
     mark = _CleanMark(store, real, cache_path)
-    try:
-        root_fd = _open_root(path)
-    except _Unreadable as e:
-        raise _denied(path, e, "status cannot compare it") from None
-    floor = stamp_floor_ns()  # before the walk's stats (see _racy)
+    root_fd, floor = _opened(path, "status cannot compare it")
     try:
         files, skipped = _walk(root_fd, patterns, _store_id(store, path, real, root_fd))
         if base is not None and mark.matches(base.digest, patterns, files):
