@@ -192,6 +192,28 @@ def test_a_commit_that_fails_removes_the_files_it_was_to_publish(tmp_path: Path,
     assert {k: s.get(e.digest) for k, e in r.manifest.entries.items()} == files
 
 
+def test_publish_with_refuses_a_size_the_staged_file_contradicts(tmp_path: Path) -> None:
+    s = casstore.open(tmp_path / "store")
+    src = tmp_path / "f"
+    src.write_bytes(b"x" * 100)
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        staged = s.objects.stage_fd(fd, 100)
+    finally:
+        os.close(fd)
+    with pytest.raises(casstore.InvalidInputError, match="holds 100 bytes, not 99"):
+        with s.edit("x") as m:
+            m.publish_with([staged], {staged.digest: 99})
+    with pytest.raises(casstore.InvalidInputError, match="no valid size"):
+        with s.edit("x") as m:
+            m.publish_with([staged], {})
+    with s.edit("x") as m:
+        m.publish_with([staged], {staged.digest: 100})
+        m["f"] = staged.digest
+    assert s.manifest("x")["f"].size == 100 and s.get(staged.digest) == b"x" * 100
+    assert os.listdir(s.root / "tmp") == []
+
+
 def _raise_at_staged(monkeypatch: pytest.MonkeyPatch, nth: int, exc: BaseException) -> List[str]:
     """Make the ``nth`` file the add stages raise ``exc`` (after it was staged); returns the calls seen."""
     calls: List[str] = []

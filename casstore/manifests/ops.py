@@ -257,9 +257,18 @@ class ManifestEditor(MutableMapping[str, Entry]):
         them durably in the same batch as the new version's tree nodes, before the version
         (a folder ``add``: one pair of ``syncfs`` for its last files and its nodes instead of two).
         Whatever the commit does not publish (nothing changed, an error) is removed.
+        A size that is not an int >= 0, or that a raw staged file's length contradicts, is an
+        :class:`~casstore.errors.InvalidInputError` (the version would record it).
         """
+        for it in staged:
+            size = sizes.get(it.digest)
+            if type(size) is not int or size < 0:
+                raise InvalidInputError(f"publish_with: no valid size for staged object {it.digest} ({size!r:.40})")
+            if it.codec.byte_exact and os.fstat(it.staging.fd).st_size != size:
+                raise InvalidInputError(f"publish_with: staged object {it.digest} holds "
+                                        f"{os.fstat(it.staging.fd).st_size} bytes, not {size}")
         self._staged.extend(staged)
-        self._staged_sizes.update(sizes)
+        self._staged_sizes.update((it.digest, sizes[it.digest]) for it in staged)
 
     def discard_staged(self) -> None:
         """Remove the staged objects :meth:`publish_with` handed over that were not published."""
