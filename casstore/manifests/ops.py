@@ -264,9 +264,9 @@ class ManifestEditor(MutableMapping[str, Entry]):
             size = sizes.get(it.digest)
             if type(size) is not int or size < 0:
                 raise InvalidInputError(f"publish_with: no valid size for staged object {it.digest} ({size!r:.40})")
-            if it.codec.byte_exact and os.fstat(it.staging.fd).st_size != size:
-                raise InvalidInputError(f"publish_with: staged object {it.digest} holds "
-                                        f"{os.fstat(it.staging.fd).st_size} bytes, not {size}")
+            held = os.fstat(it.staging.fd).st_size if it.codec.byte_exact else size
+            if held != size:
+                raise InvalidInputError(f"publish_with: staged object {it.digest} holds {held} bytes, not {size}")
         self._staged.extend(staged)
         self._staged_sizes.update((it.digest, sizes[it.digest]) for it in staged)
 
