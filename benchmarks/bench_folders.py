@@ -21,7 +21,14 @@ by the ``bench`` extra) in a ``dvc init --no-scm`` repository.
   casstore and dvc.  Target: proportional to the changed bytes -- at most the
   unchanged-folder time plus 2x the first add's time per byte for the changed bytes.
   Five rounds (three until 2026-12-03: a median of three swung 0.21-0.29 s between
-  runs on this shared machine, around a bound of 0.22 s).
+  runs on this shared machine, around a bound of 0.22 s).  The add's limit column:
+  the unchanged re-add plus that round's changed files copied to as many new
+  files and synced (the least a durable store of them does), in the same interleave.
+* **growth** (info): adds after 0.1%, 1% and 5% of the files changed, and an
+  unchanged re-add, in one interleave; a line through the medians gives the add's
+  cost per changed byte (against the first add's) and its fixed cost over the
+  re-add (the version, the syncs, the stat cache: what a re-add that makes no
+  version never pays).  "Proportional" read as a line, not one point.
 * **checkout** of the version into a fresh folder, ``link="hardlink"`` against
   ``link="copy"`` (in-process ``Store.checkout``: a ratio of two casstore
   modes, without the interpreter start-up both would pay).  Target >= 5x.
@@ -110,12 +117,17 @@ def _make_folder(root: Path, n: int, rng: np.random.Generator) -> List[Path]:
     return paths
 
 
-def _change(paths: List[Path], round_: int, frac: float, rng: np.random.Generator) -> int:
-    """Rewrite a different ``frac`` of the files in each round (same size, new bytes); bytes changed."""
+def _changed_paths(paths: List[Path], round_: int, frac: float) -> List[Path]:
+    """The files :func:`_change` rewrites in round ``round_``: a different ``frac`` in each round."""
     k = max(1, int(len(paths) * frac))
     start = (round_ * k) % len(paths)
+    return paths[start:start + k]
+
+
+def _change(paths: List[Path], round_: int, frac: float, rng: np.random.Generator) -> int:
+    """Rewrite a different ``frac`` of the files in each round (same size, new bytes); bytes changed."""
     changed = 0
-    for p in paths[start:start + k]:
+    for p in _changed_paths(paths, round_, frac):
         size = p.stat().st_size
         os.chmod(p, 0o644)  # a checkout by dvc may leave read-only copies
         p.write_bytes(rng.bytes(size))
@@ -220,14 +232,56 @@ def bench_folder_workflow(quick: bool) -> List[Row]:
             return {"status": _run(_dvc() + ["status", "-q"], cwd=repo),
                     "add": _run(_dvc() + ["add", "-q", "data"], cwd=repo)}
 
+        scratch = tmp / "limit"
+
+        def write_changed(r: int) -> Dict[str, float]:
+            # The 1% add's physical floor beside the unchanged re-add: this round's changed files copied
+            # to as many new files and synced (what any durable store of them must do), same interleave.
+            t = time.perf_counter()
+            scratch.mkdir()
+            for i, p in enumerate(_changed_paths(paths, r, 0.01)):
+                (scratch / f"{i:05d}").write_bytes(p.read_bytes())
+            os.sync()
+            return {"total": time.perf_counter() - t}
+
+        def drop_scratch(r: int) -> None:
+            rmtree(scratch)
+            os.sync()
+
         ch = interleave([Case("casstore", cas_changed, setup=apply_change),
-                         Case("dvc", dvc_changed, setup=apply_change)], reps, warmup=0)
+                         Case("dvc", dvc_changed, setup=apply_change),
+                         Case("write + sync", write_changed, setup=apply_change, teardown=drop_scratch)],
+                        reps, warmup=0)
         frac = median(list(changed.values())) / total
         t_cst, t_cadd = median(ch["casstore"]["status"]), median(ch["casstore"]["add"])
         t_dcst, t_dcadd = median(ch["dvc"]["status"]), median(ch["dvc"]["add"])
+        t_wchg = median(ch["write + sync"]["total"])
         # proportional: the unchanged-folder cost plus at most 2x the first add's cost per changed byte
         bound_add = t_re + 2 * t_cas_add * frac
         bound_st = t_st + 2 * t_cas_add * frac
+
+        # -- how the add's cost grows with what changed (info) -------------------------------------
+        # Three sizes of change in one interleave, each add right after its own change (so each sees
+        # only its own), and an unchanged re-add in the same rounds: a least-squares line through the
+        # medians gives the cost per changed byte (against the first add's) and the fixed cost of
+        # making a version at all (against the re-add, which makes none).
+        fracs = (0.001, 0.01, 0.05)
+        grown: Dict[float, Dict[int, int]] = {f: {} for f in fracs}
+
+        def grow(f: float) -> Callable[[int], None]:
+            def setup(r: int) -> None:
+                grown[f][r] = _change(paths, 1000 + r, f, rng)
+            return setup
+
+        sc = interleave([Case(f"{f:.1%}", lambda r: {"total": _run(_cas(store, "add", "data", str(data)))},
+                              setup=grow(f)) for f in fracs]
+                        + [Case("re-add", lambda r: {"total": _run(_cas(store, "add", "data", str(data)))})],
+                        reps, warmup=0)
+        xs = [median(list(grown[f].values())) for f in fracs]
+        ys = [median(sc[f"{f:.1%}"]["total"]) for f in fracs]
+        slope, icept = np.polyfit(xs, ys, 1)
+        t_re_sc = median(sc["re-add"]["total"])
+        per_byte_first = t_cas_add / total
 
         # -- checkout: hardlink vs copy (in-process) ----------------------------------------------
         s = casstore.open(store)
@@ -280,7 +334,17 @@ def bench_folder_workflow(quick: bool) -> List[Row]:
             details={"casstore": summary(ch["casstore"]["status"]), "dvc": summary(ch["dvc"]["status"])}),
         Row("  1% changed: add vs dvc add (s)", t_cadd, t_dcadd, "s", ratio=t_dcadd / t_cadd,
             target=f"<= {bound_add:.2f} s (proportional)", met=t_cadd <= bound_add,
-            details={"casstore": summary(ch["casstore"]["add"]), "dvc": summary(ch["dvc"]["add"])}),
+            details={"casstore": summary(ch["casstore"]["add"]), "dvc": summary(ch["dvc"]["add"]),
+                     "write_sync": summary(ch["write + sync"]["total"])},
+            limit=t_re + t_wchg, of_limit=(t_re + t_wchg) / t_cadd),
+        Row("  add after 0.1% / 1% / 5% changed (info; bytes changed: "
+            + " / ".join(f"{x / MB:.1f}" for x in xs) + " MB; s)", ys[1], None, "s",
+            details={"fracs": list(fracs), "bytes": xs, "add_s": ys, "re_add_s": t_re_sc,
+                     "samples": {k: summary(v["total"]) for k, v in sc.items()}}),
+        Row("  add's cost per changed byte (slope over those three) vs the first add's per byte (info; ns/B)",
+            slope * 1e9, per_byte_first * 1e9, "ns/B", ratio=per_byte_first / slope if slope > 0 else None),
+        Row("  add's fixed cost (intercept of that line) over the unchanged re-add in the same rounds (info; s)",
+            icept - t_re_sc, t_re_sc, "s"),
         Row(f"checkout {label}: hardlink vs copy (s)", t_hl, t_copy, "s", ratio=t_copy / t_hl, target=">= 5x",
             met=t_copy / t_hl >= 5, details={"hardlink": summary(cko["hardlink"]["total"]),
                                              "copy": summary(cko["copy"]["total"])}),
