@@ -26,9 +26,11 @@ by the ``bench`` extra) in a ``dvc init --no-scm`` repository.
   files and synced (the least a durable store of them does), in the same interleave.
 * **growth** (info): adds after 0.1%, 1% and 5% of the files changed, and an
   unchanged re-add, in one interleave; a line through the medians gives the add's
-  cost per changed byte (against the first add's) and its fixed cost over the
-  re-add (the version, the syncs, the stat cache: what a re-add that makes no
-  version never pays).  "Proportional" read as a line, not one point.
+  cost per changed byte (against the first add's) and where it meets the axis,
+  over the re-add: a version's fixed cost (~15 ms: the syncs, the stat cache,
+  the ref), raised by a few scattered changes costing more per byte than many
+  (each pays its own tree leaf and inner nodes; docs/folders.md).
+  "Proportional" read as a line, not one point.
 * **checkout** of the version into a fresh folder, ``link="hardlink"`` against
   ``link="copy"`` (in-process ``Store.checkout``: a ratio of two casstore
   modes, without the interpreter start-up both would pay).  Target >= 5x.
@@ -263,8 +265,8 @@ def bench_folder_workflow(quick: bool) -> List[Row]:
         # -- how the add's cost grows with what changed (info) -------------------------------------
         # Three sizes of change in one interleave, each add right after its own change (so each sees
         # only its own), and an unchanged re-add in the same rounds: a least-squares line through the
-        # medians gives the cost per changed byte (against the first add's) and the fixed cost of
-        # making a version at all (against the re-add, which makes none).
+        # medians gives the cost per changed byte (against the first add's) and its intercept over the
+        # re-add, which makes no version (see the module docstring for what raises it).
         fracs = (0.001, 0.01, 0.05)
         grown: Dict[float, Dict[int, int]] = {f: {} for f in fracs}
 
@@ -343,7 +345,7 @@ def bench_folder_workflow(quick: bool) -> List[Row]:
                      "samples": {k: summary(v["total"]) for k, v in sc.items()}}),
         Row("  add's cost per changed byte (slope over those three) vs the first add's per byte (info; ns/B)",
             slope * 1e9, per_byte_first * 1e9, "ns/B", ratio=per_byte_first / slope if slope > 0 else None),
-        Row("  add's fixed cost (intercept of that line) over the unchanged re-add in the same rounds (info; s)",
+        Row("  intercept of that line over the unchanged re-add in the same rounds (info; s)",
             icept - t_re_sc, t_re_sc, "s"),
         Row(f"checkout {label}: hardlink vs copy (s)", t_hl, t_copy, "s", ratio=t_copy / t_hl, target=">= 5x",
             met=t_copy / t_hl >= 5, details={"hardlink": summary(cko["hardlink"]["total"]),
