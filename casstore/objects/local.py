@@ -63,8 +63,8 @@ from .._fs import (
     makedirs,
     move_into,
     open_store_dir,
+    pread_upto,
     pwrite_all,
-    read_up_to,
     read_whole_reused,
     refuse_links_between,
     run_beside,
@@ -1262,28 +1262,22 @@ class LocalObjects(ObjectStore):
         loc = self.locate(digest)
         fd, st = open_object_file(loc.path, digest)
         try:
-            if loc.codec.byte_exact and st.st_size < OVERLAP_MIN:
-                # One pread, no file object: a commit reads hundreds of small tree nodes.
-                data = os.pread(fd, st.st_size, 0) if st.st_size else b""
-                if len(data) != st.st_size:
-                    raise IntegrityError(f"object {digest} changed size while being read ({loc.path})")
+            size = st.st_size
+            if not loc.codec.byte_exact:
+                size = self._size(fd, size, loc, digest)
+                with open(fd, "rb", buffering=0, closefd=False) as f:
+                    data = loc.codec.decode(f.read(), size, what=f"object {digest} (file {loc.path})")
                 got = hash_bytes(data) if verify else digest
             else:
-                with open(fd, "rb", buffering=0, closefd=False) as f:
-                    if not loc.codec.byte_exact:
-                        size = self._size(fd, st.st_size, loc, digest)
-                        data = loc.codec.decode(f.read(), size, what=f"object {digest} (file {loc.path})")
-                        got = hash_bytes(data) if verify else digest
-                    else:
-                        size = st.st_size
-                        filled = fresh_bytes(size)
-                        if filled is not None:
-                            data, got = self._read_hashing(fd, size, filled, digest, loc.path, verify)
-                        else:
-                            data = read_up_to(f, size)
-                            if len(data) != size:
-                                raise IntegrityError(f"object {digest} changed size while being read ({loc.path})")
-                            got = hash_bytes(data) if verify else digest
+                filled = fresh_bytes(size) if size >= OVERLAP_MIN else None
+                if filled is not None:
+                    data, got = self._read_hashing(fd, size, filled, digest, loc.path, verify)
+                else:
+                    # pread, no file object: a commit reads hundreds of small tree nodes.
+                    data = pread_upto(fd, size, 0)
+                    if len(data) != size:
+                        raise IntegrityError(f"object {digest} changed size while being read ({loc.path})")
+                    got = hash_bytes(data) if verify else digest
         finally:
             os.close(fd)
         if got != digest:
