@@ -605,3 +605,30 @@ def test_parked_helpers_exit_when_idle(monkeypatch: pytest.MonkeyPatch) -> None:
     assert helper_threads() == 0
     assert threading.active_count() <= before
     assert run_beside(lambda: 3).join() == 3  # and a new one starts on demand
+
+
+@pytest.mark.parametrize("size", [3000, BIG], ids=["small", "windowed"])
+@pytest.mark.parametrize("verify", [False, True], ids=["unverified", "verified"])
+def test_get_of_a_file_cut_short_between_its_stat_and_its_read(store: casstore.Store, size: int,
+                                                                verify: bool) -> None:
+    """The object file truncated after ``get`` took its size and before it read: IntegrityError
+    ("changed size"), never the shorter bytes, with or without verification (an unverified read
+    trusts the store's files, but not a size that moved under it)."""
+    data = os.urandom(size)
+    d = store.put(data)
+    p = store.path(d)
+    done: List[bool] = []
+
+    def cut(point: str) -> None:
+        if point == "objects.read_sized" and not done:
+            done.append(True)
+            os.chmod(p, 0o644)
+            os.truncate(p, size // 2)
+
+    casstore._faults.hook = cut
+    try:
+        with pytest.raises(IntegrityError, match="changed size while being read"):
+            store.get(d, verify=verify)
+    finally:
+        casstore._faults.hook = None
+    assert done == [True]
