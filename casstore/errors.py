@@ -14,6 +14,7 @@ __all__ = [
     "CasstoreError",
     "ObjectNotFoundError",
     "ManifestNotFoundError",
+    "MissingNodeError",
     "NameExistsError",
     "InvalidDigestError",
     "AmbiguousDigestError",
@@ -47,6 +48,19 @@ class ManifestNotFoundError(ObjectNotFoundError):
 
     Also an :class:`ObjectNotFoundError` (and a ``LookupError``), which missing names raised before.
     """
+
+
+class MissingNodeError(ObjectNotFoundError):
+    """A manifest version is in the store but an object its tree needs (a node or a bundle of nodes) is not.
+
+    ``digest`` is that object's hex digest: ``verify`` reports it missing; pulling the version again from a
+    remote that has it brings it back.
+    """
+
+    def __init__(self, message: str, digest: str) -> None:
+        super().__init__(message)
+        self.digest = digest
+        """Hex digest of the missing object."""
 
 
 class NameExistsError(CasstoreError, FileExistsError):

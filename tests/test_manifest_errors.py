@@ -277,7 +277,7 @@ BAD_DOCS: Dict[str, Callable[[Digest], bytes]] = {
     "a str": lambda o: _p("manifest"),
     "no casstore field": lambda o: _p({"entries": {}, "meta": {}, "parent": None, "v": 1}),
     "other kind": lambda o: raw_manifest_bytes({}, casstore="cache"),
-    "newer format": lambda o: raw_manifest_bytes({}, v=3),  # 2 is the tree-shaped format
+    "newer format": lambda o: raw_manifest_bytes({}, v=4),  # 2 and 3 are the tree-shaped formats
     "format 0": lambda o: raw_manifest_bytes({}, v=0),
     "negative format": lambda o: raw_manifest_bytes({}, v=-1),
     "format as str": lambda o: raw_manifest_bytes({}, v="1"),

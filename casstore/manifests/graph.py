@@ -36,6 +36,7 @@ from ..errors import (
     IntegrityError,
     InvalidInputError,
     InvalidTypeError,
+    MissingNodeError,
     ObjectNotFoundError,
     StoreFormatError,
 )
@@ -94,6 +95,14 @@ class Graph:
             return doc
         try:
             doc = load_manifest(self.objects, d)  # verified read, then THE decoder
+        except MissingNodeError as e:
+            # The version is here, an object of its tree is not (the root's node or bundle is read when
+            # the version is opened): not "the version is missing".  History behind a root ends there
+            # (verify reports it); a root's own version stops gc, as a damaged one does.
+            if not required:
+                return None
+            raise MissingNodeError(f"{where}: {e}; gc cannot tell what the version references, so it stops",
+                                   e.digest) from None
         except ObjectNotFoundError:
             if not required:
                 return None

@@ -74,6 +74,7 @@ from ..errors import (
     InvalidTypeError,
     LockTimeout,
     ManifestNotFoundError,
+    MissingNodeError,
     NameExistsError,
     ObjectNotFoundError,
     StoreFormatError,
@@ -520,6 +521,8 @@ class EditTransaction:
 def _load(store: Store, digest: Digest, *, name: Optional[str] = None, frozen: bool = False) -> Manifest:
     try:
         doc = load_manifest(store.objects, digest)
+    except MissingNodeError:
+        raise  # the version is here, its tree's root node (or bundle) is not: that message says so
     except ObjectNotFoundError:
         where = f" (named {name!r})" if name else ""
         raise ObjectNotFoundError(

@@ -41,7 +41,15 @@ from ..errors import (
     RemoteConflictError,
     StoreFormatError,
 )
-from ..manifests.model import ManifestDoc, SeenNodes, decode_manifest, file_dir_clash, load_manifest, walk_tree
+from ..manifests.model import (
+    ManifestDoc,
+    SeenNodes,
+    decode_manifest,
+    file_dir_clash,
+    load_manifest,
+    seen_objects,
+    walk_tree,
+)
 from ..refs import validate_name
 from .merge import is_ancestor, merge_versions
 from .readthrough import RemoteUpstream
@@ -355,8 +363,7 @@ def _bring_closures(store: Store, rem: Remote, targets: List[Tuple[str, str, Dig
             where.setdefault(Digest(h), (name, key))
     # A node decoded earlier in this process is served from the decoded-node cache without a read:
     # fetch every walked node that is not here yet (verified by its hash; its content was validated).
-    for raw in list(nodes.seen):
-        nd = Digest(raw.hex())
+    for nd in seen_objects(nodes.seen):
         if nd not in nodes.fetched and not objects.has(nd):
             nodes.read(nd)
     versions = set(fetched) | {d for _, _, d in targets}
