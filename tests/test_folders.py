@@ -312,10 +312,14 @@ def test_changed_folder_costs_what_changed(store: casstore.Store, tmp_path: Path
     copied = count_copies(monkeypatch)
     prints: List[int] = []
     fingerprint = folders._fingerprint
-    monkeypatch.setattr(folders, "_fingerprint", lambda fs: prints.append(len(fs)) or fingerprint(fs))
+    monkeypatch.setattr(folders, "_fingerprint", lambda fs, rows: prints.append(len(fs)) or fingerprint(fs, rows))
+    packed: List[int] = []
+    walk_rows = folders._walk_rows
+    monkeypatch.setattr(folders, "_walk_rows", lambda fs: packed.append(len(fs)) or walk_rows(fs))
     r = store.add("exp", f)
     assert r.created and (r.added, r.modified, r.deleted) == (("d4/new",), ("d1/f00001",), ("d3/f00003",))
     assert len(prints) == 1  # the walk is fingerprinted once: the mark's check and its update share it
+    assert packed.count(size) == 1  # and its stats packed once (all of them), for the mark and the cache
     assert sorted(copied) == ["d1/f00001", "d2/f00002", "d4/new"]  # (d2's copy is dropped: same bytes)
     assert listed == []
     monkeypatch.undo()
