@@ -1442,10 +1442,6 @@ class TreeEntryMap(EntryMap):
         """Sum of the entries' recorded sizes (entries without a size count 0)."""
         return self._root[3]
 
-    def pending_nodes(self) -> List[bytes]:
-        """Encoded nodes made by edits and not yet stored, children before parents."""
-        return [v[0] for v in self._reader.pending.values()]
-
     def tree_header(self) -> Optional[List[Any]]:
         """``[root digest bytes, root level, entry count, byte total]`` (the version object's ``"tree"``),
         and ``[bundle digest bytes, index]`` after them where the root is in a bundle (format 3)."""
