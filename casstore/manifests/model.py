@@ -48,6 +48,7 @@ from types import MappingProxyType
 from typing import (
     TYPE_CHECKING,
     Any,
+    Callable,
     Dict,
     ItemsView,
     Iterable,
@@ -1170,14 +1171,20 @@ def _bad(what: str, d: bytes, problem: str) -> StoreFormatError:
     )
 
 
-def _decode_node(data: bytes, d: bytes, level: int, what: str) -> Node:
-    """Validate what a node holds by itself (tag, level, keys, entries, order); StoreFormatError otherwise."""
+def _tagged(data: bytes, kind: str, bad: Callable[[str], StoreFormatError]) -> Dict[Any, Any]:
+    """``data`` unpacked (lengths bounded) as a map tagged ``"casstore": kind``; ``bad(problem)`` otherwise."""
     try:
         doc = unpack_bounded(data)
     except UNPACK_ERRORS as e:
-        raise _bad(what, d, f"is not valid msgpack ({type(e).__name__})") from None
-    if not isinstance(doc, dict) or doc.get("casstore") != NODE_KIND:
-        raise _bad(what, d, "is not a manifest tree node")
+        raise bad(f"is not valid msgpack ({type(e).__name__})") from None
+    if not isinstance(doc, dict) or doc.get("casstore") != kind:
+        raise bad("is not a manifest tree node" if kind == NODE_KIND else "is not a tree node bundle")
+    return doc
+
+
+def _decode_node(data: bytes, d: bytes, level: int, what: str) -> Node:
+    """Validate what a node holds by itself (tag, level, keys, entries, order); StoreFormatError otherwise."""
+    doc = _tagged(data, NODE_KIND, lambda problem: _bad(what, d, problem))
     if doc.get("level") != level or type(doc.get("level")) is not int:
         raise _bad(what, d, f"has level {doc.get('level')!r:.40}, where its parent needs level {level}")
     body = "entries" if level == 0 else "children"
@@ -1245,12 +1252,7 @@ def _bad_bundle(what: str, b: bytes, problem: str) -> StoreFormatError:
 
 def _decode_bundle(data: bytes, b: bytes, what: str) -> _Bundle:
     """Check a bundle's shape (StoreFormatError otherwise); its nodes are checked as they are used."""
-    try:
-        doc = unpack_bounded(data)
-    except UNPACK_ERRORS as e:
-        raise _bad_bundle(what, b, f"is not valid msgpack ({type(e).__name__})") from None
-    if not isinstance(doc, dict) or doc.get("casstore") != BUNDLE_KIND:
-        raise _bad_bundle(what, b, "is not a tree node bundle")
+    doc = _tagged(data, BUNDLE_KIND, lambda problem: _bad_bundle(what, b, problem))
     if doc.keys() != {"casstore", "bundles", "locs", "nodes"}:
         raise _bad_bundle(what, b, f"has fields {sorted(map(repr, doc))!s:.200}, expected bundles, casstore, "
                                    "locs, nodes")
