@@ -377,7 +377,6 @@ def _present_now(objects: LocalObjects, h: str) -> bool:
 # -- verify -------------------------------------------------------------------------------------
 
 
-
 def _missing_tree_object(objects: LocalObjects, d: Digest) -> Optional[str]:
     """Hex of the object holding version ``d``'s tree root, if ``d`` is here and that object is not.
 
