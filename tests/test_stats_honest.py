@@ -201,3 +201,28 @@ def test_a_pin_whose_version_is_corrupt_is_said_not_silently_unreferenced(
     assert [n.entries for n in u.by_name] == [0]  # counted as it is ...
     said = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
     assert len(said) == 1 and "pin 'paper'" in said[0] and "casstore verify" in said[0]  # ... and said, once
+
+
+def test_a_tree_shaped_heads_nodes_are_live_not_history(store: casstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live version's tree nodes (bundles) are its manifest: not "only history keeps" (they were, all of
+    them, once nodes moved into bundles), and counted in ``live_manifest_bytes``."""
+    from casstore.manifests import model
+
+    monkeypatch.setattr(model, "TREE_THRESHOLD", 16)
+    ds = [store.put(os.urandom(100 + i)) for i in range(300)]
+    with store.edit("t") as m:
+        for i, dd in enumerate(ds):
+            m[f"k{i:04d}"] = dd
+    v1 = store.manifest("t")
+    new = store.put(b"new content")
+    with store.edit("t") as m:
+        m["k0007"] = new
+    v2 = store.manifest("t")
+    nodes1 = {h for k, h, _s in model.walk_tree(v1.entries, {}) if not k}
+    nodes2 = {h for k, h, _s in model.walk_tree(v2.entries, {}) if not k}
+    assert nodes1 & nodes2  # the head shares the first version's bundle
+    u = store.usage()
+    history = {v1.digest.hex, ds[7].hex} | (nodes1 - nodes2)
+    assert u.history_objects == len(history)
+    assert u.history_stored_bytes == sum(store.stat(Digest(h)).stored_size for h in history)
+    assert u.live_manifest_bytes == sum(store.stat(Digest(h)).stored_size for h in nodes2 | {v2.digest.hex})

@@ -127,7 +127,8 @@ class Usage:
     live_missing: int = 0
     """Distinct objects live names reference that are not stored (counted in logical, not stored, bytes)."""
     live_manifest_bytes: int = 0
-    """Bytes on disk of the live names' current versions (the manifests themselves)."""
+    """Bytes on disk of the live names' current versions (the manifests themselves: version objects, and
+    the tree nodes or node bundles of tree-shaped ones)."""
     dedupe_ratio: float = 1.0
     """``live_logical_bytes / live_unique_bytes``: dedupe alone (1.0 when nothing is live)."""
     reduction_ratio: float = 1.0
@@ -229,6 +230,7 @@ def usage(store: Store, *, shares: Iterable[str] = ()) -> Usage:
     counts: Dict[str, int] = {}
     live_versions: Set[Digest] = set()
     live_entry: Dict[str, int] = {}  # hex -> the size an entry records (for a missing object)
+    live_nodes: Set[str] = set()  # tree node objects and bundles of the live versions
     live_logical = 0
     for kind, refs in (("pin", pins), ("head", heads)):
         for name, d in refs.items():
@@ -242,6 +244,7 @@ def usage(store: Store, *, shares: Iterable[str] = ()) -> Usage:
                     for key, h, size in version_refs(doc, {}):
                         objs[h] = 1
                         if not key:  # a tree node: stored bytes of this name, no entry, no logical bytes
+                            live_nodes.add(h)
                             continue
                         n_entries += 1
                         sz = size if size is not None else logical.get(h, 0)
@@ -301,7 +304,9 @@ def usage(store: Store, *, shares: Iterable[str] = ()) -> Usage:
     live_hexes = set(live_entry)
     live_unique = sum(logical[h] if h in logical else live_entry[h] for h in live_hexes)
     live_stored = sum(stored.get(h, 0) for h in live_hexes)
-    live_manifests = {d.hex for d in live_versions}
+    # (A live version's tree nodes are its manifest too.  Found when nodes moved into bundles: they were
+    # counted as kept "only by history", 413 KiB of a 6,000-file folder's two versions, all of it live.)
+    live_manifests = {d.hex for d in live_versions} | live_nodes
     history_only = [h for h in referenced if h not in live_hexes and h not in live_manifests and h in stored]
     total_logical = sum(logical.values())
     total_stored = sum(stored.values())
