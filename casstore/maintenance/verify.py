@@ -69,13 +69,12 @@ from ..errors import (
     IntegrityError,
     InvalidInputError,
     InvalidTypeError,
-    MissingNodeError,
     ObjectNotFoundError,
     ReadOnlyError,
     StoreFormatError,
 )
 from ..manifests.graph import Graph, compute_live, version_refs
-from ..manifests.model import SeenNodes, load_manifest
+from ..manifests.model import SeenNodes
 from ..objects.local import LocalObjects, ObjFile
 from ..objects.reader import open_object_file
 from .durations import Duration, parse_duration
@@ -377,23 +376,6 @@ def _present_now(objects: LocalObjects, h: str) -> bool:
 # -- verify -------------------------------------------------------------------------------------
 
 
-def _missing_tree_object(objects: LocalObjects, d: Digest) -> Optional[str]:
-    """Hex of the object holding version ``d``'s tree root, if ``d`` is here and that object is not.
-
-    Hazard (found when nodes moved into bundles): opening a version reads its root node, so a missing
-    root read as "the version is missing" -- and the version object was there, so verify said OK.
-    """
-    if not objects.has(d):
-        return None
-    try:
-        load_manifest(objects, d)
-    except MissingNodeError as e:
-        return e.digest
-    except (CasstoreError, OSError):
-        return None  # damaged otherwise: reported as the version's own damage
-    return None
-
-
 def verify(store: Store, *, fast: bool = False, repair: bool = False, incremental: bool = False,
            recheck_after: Duration = "30d", workers: int = 2, progress: Optional[bool] = None) -> VerifyReport:
     """Check every object and every reference; see the module docstring.
@@ -454,7 +436,7 @@ def verify(store: Store, *, fast: bool = False, repair: bool = False, incrementa
                 if doc is None:
                     if depth == 0:  # a ref to a missing version; a missing parent was collected by gc
                         need.setdefault(h, []).append(f"{where} (manifest version)")
-                    gone = _missing_tree_object(objects, cur)
+                    gone = g.missing_trees.get(cur)
                     if gone is not None:  # the version is here, its tree's root node (or bundle) is not
                         need.setdefault(gone, []).append(f"{where} (manifest tree node)")
                     break

@@ -81,6 +81,9 @@ class Graph:
         self._docs: Dict[Digest, ManifestDoc] = {}
         self.seen_nodes: SeenNodes = {}
         """Tree nodes already walked (:func:`version_refs`): each shared node is visited once."""
+        self.missing_trees: Dict[Digest, str] = {}
+        """Versions read here whose object is present but whose tree's root node (or bundle) is not:
+        version -> that object's hex (``verify`` reports it missing)."""
 
     def doc(self, d: Digest, where: str, *, required: bool) -> Optional[ManifestDoc]:
         """The decoded, hash-verified version ``d``; ``None`` if it is missing and not ``required``.
@@ -99,6 +102,7 @@ class Graph:
             # The version is here, an object of its tree is not (the root's node or bundle is read when
             # the version is opened): not "the version is missing".  History behind a root ends there
             # (verify reports it); a root's own version stops gc, as a damaged one does.
+            self.missing_trees[d] = e.digest
             if not required:
                 return None
             raise MissingNodeError(f"{where}: {e}; gc cannot tell what the version references, so it stops",
