@@ -74,7 +74,7 @@ from typing import (
 import msgpack
 
 from ._faults import fault
-from ._fs import makedirs, read_small_file, stamp_floor_ns, write_file_atomic
+from ._fs import makedirs, read_small_file, reserve_fds, stamp_floor_ns, write_file_atomic
 from ._fsprobe import RACY_SECONDS, fine_local_stamps
 from ._layout import TMP, object_path
 from ._paths import key_problem
@@ -1139,6 +1139,7 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
     try:
         root_fd, floor = _opened(path, "nothing was stored")
         try:
+            reserve_fds()  # before the pool holds its staged files open (see reserve_fds)
             files, skipped = _walk(root_fd, patterns, _store_id(store, path, real, root_fd))
             if head is not None and meta is None and mark.matches(head.digest, patterns, files):
                 # The folder is the head, file for file: no new version, and nothing to read or lock

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import NoReturn, Optional, Sequence
 
 from .. import __version__
+from .._fs import reserve_fds
 from ..errors import CasstoreError
 from . import cache, config, doctor, folders, maintenance, manifests, objects, pipelines, remote
 from .common import JSON_HELP, Command, Parser, UnusedParser, add_global_options, cli_words, print_help
@@ -229,6 +230,7 @@ def _reserve_std_fds() -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``casstore`` console script; returns the exit code."""
     _reserve_std_fds()
+    reserve_fds()  # while the process has one thread (see reserve_fds)
     # Until arguments are parsed, --debug is known only from the raw list (an
     # interrupt can come while the feature modules import).
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)

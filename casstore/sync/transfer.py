@@ -44,7 +44,17 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_c
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
-from .._fs import FLOOR_EXEMPT, Beside, Staging, free_bytes, pread_upto, pwrite_all, run_beside, space_floor
+from .._fs import (
+    FLOOR_EXEMPT,
+    Beside,
+    Staging,
+    free_bytes,
+    pread_upto,
+    pwrite_all,
+    reserve_fds,
+    run_beside,
+    space_floor,
+)
 from ..codecs import RAW
 from ..digest import Digest, hash_bytes, hash_fd, new_hasher
 from ..errors import CasstoreError, DiskFullError, IntegrityError, ObjectNotFoundError
@@ -212,6 +222,7 @@ class Publisher:
         self._staged: List[StagedObject] = []
         self._bytes = 0
         self._inflight: Optional[Beside[None]] = None
+        reserve_fds()  # before the workers hold their staged files open (see reserve_fds)
 
     def add(self, item: StagedObject, size: int) -> None:
         """Take a verified, staged object (any thread)."""
