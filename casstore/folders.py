@@ -45,12 +45,14 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import gc
 import logging
 import os
 import stat as stat_mod
 import struct
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import starmap
 from pathlib import Path
@@ -1118,10 +1120,37 @@ def _delta(files: Sequence[_File], cache: _StatCache, rows: bytes) -> _Delta:
     return _Delta(added, changed, unchanged, sorted(k for k in set(cache.keys).union(cache.new) if k not in walked))
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for one ``add`` or ``status`` (then as it was).
+
+    Hazard (measured): the walk of 10,000 files and a 1% commit allocate tens of thousands of lists,
+    tuples and records, every one freed by reference counting; the collector's passes over them, and
+    the full pass over every module object they set off, cost ~5 ms of a 1% ``add`` in the CLI and
+    3.7 ms of its excess over an unchanged re-``add`` (20 alternating rounds, fresh processes).  Nothing
+    here makes reference cycles to wait for.  The switch is the interpreter's: another thread's garbage
+    cycles wait until this returns, and a collector disabled by the caller stays disabled.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def add_folder(store: Store, name: str, folder: object, *, message: Optional[str] = None,
                meta: Optional[Mapping[str, Any]] = None, exclude: Optional[Iterable[str]] = None,
                progress: Optional[bool] = None) -> AddResult:
     """Snapshot ``folder`` as one new version of ``name``; see :meth:`casstore.Store.add`."""
+    with _collector_paused():
+        return _add_folder(store, name, folder, message=message, meta=meta, exclude=exclude, progress=progress)
+
+
+def _add_folder(store: Store, name: str, folder: object, *, message: Optional[str],
+                meta: Optional[Mapping[str, Any]], exclude: Optional[Iterable[str]],
+                progress: Optional[bool]) -> AddResult:
     path = _folder(folder)
     if message is not None and not isinstance(message, str):
         raise InvalidTypeError(f"message must be a str, not {type(message).__name__}")
@@ -1248,6 +1277,12 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
 def folder_status(store: Store, name: str, folder: object, *, version: Optional[str] = None,
                   exclude: Optional[Iterable[str]] = None, progress: Optional[bool] = None) -> FolderStatus:
     """Compare ``folder`` with a version of ``name``; see :meth:`casstore.Store.status`."""
+    with _collector_paused():
+        return _folder_status(store, name, folder, version=version, exclude=exclude, progress=progress)
+
+
+def _folder_status(store: Store, name: str, folder: object, *, version: Optional[str],
+                   exclude: Optional[Iterable[str]], progress: Optional[bool]) -> FolderStatus:
     path = _folder(folder)
     patterns = _patterns(exclude)
     base: Optional[Manifest]
