@@ -229,10 +229,10 @@ def reserve_fds(n: int = FD_RESERVE) -> None:
     cores idle, in the middle of its reads.  (A child's table is sized at the fork to its parent's
     highest open descriptor, so commands started by a process that held a high one never grew theirs:
     why timings by hand, from a shell holding descriptor 251, missed the wait that the benchmark's
-    commands paid.)  Grown while the process has one thread (the CLI's
-    commands start so), the table costs no wait; grown later, it costs the one wait it would have
-    anyway, and never again in this process (a table does not shrink).  Best effort: a descriptor
-    limit below ``n`` just leaves the table to grow as it would.
+    commands paid.)  Grown while the process has one thread (the CLI's commands start so), the
+    table costs no wait; grown later, it costs the one wait it would have anyway, and never again in
+    this process (a table does not shrink).  Best effort: a descriptor limit below ``n`` just leaves
+    the table to grow as it would.
     """
     try:
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
