@@ -741,9 +741,9 @@ class _CleanMark:
         lo = min(floor, time.time_ns() - int(RACY_SECONDS * 1e9))
         # The full rule only for files stamped at or after ``lo``, and a pass over the files only if the
         # newest stamp in the walk's packed rows is (10,000 files: ~0.1 ms, a pass in Python ~0.6 ms).
-        if (_newest_stamp(self.rows(files)) >= lo and any(_racy(f.st, floor) for f in files
-                                                           if f.st[3] >= lo or f.st[4] >= lo)) \
-                or not self._fingerprint(files):
+        recent = _newest_stamp(self.rows(files)) >= lo
+        if not self._fingerprint(files) or (recent and any(_racy(f.st, floor) for f in files
+                                                           if f.st[3] >= lo or f.st[4] >= lo)):
             self.drop()  # a write in the same timestamp tick would go unseen (or a stat not packed exactly)
             return
         doc = {"v": _MARK_VERSION, "root": self.root, "version": version.hex, "patterns": list(patterns),
@@ -1138,7 +1138,8 @@ def _delta(files: Sequence[_File], cache: _StatCache, rows: bytes) -> _Delta:
 
 @contextmanager
 def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for one ``add`` or ``status`` (then as it was).
+    """Python's cyclic garbage collector off for one ``add`` or ``status`` (then as it was); a decorator
+    of theirs (a fresh context per call).
 
     Hazard (measured): the walk of 10,000 files and a 1% commit allocate tens of thousands of lists,
     tuples and records, every one freed by reference counting; the collector's passes over them, and
@@ -1156,17 +1157,11 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+@_collector_paused()
 def add_folder(store: Store, name: str, folder: object, *, message: Optional[str] = None,
                meta: Optional[Mapping[str, Any]] = None, exclude: Optional[Iterable[str]] = None,
                progress: Optional[bool] = None) -> AddResult:
     """Snapshot ``folder`` as one new version of ``name``; see :meth:`casstore.Store.add`."""
-    with _collector_paused():
-        return _add_folder(store, name, folder, message=message, meta=meta, exclude=exclude, progress=progress)
-
-
-def _add_folder(store: Store, name: str, folder: object, *, message: Optional[str],
-                meta: Optional[Mapping[str, Any]], exclude: Optional[Iterable[str]],
-                progress: Optional[bool]) -> AddResult:
     path = _folder(folder)
     if message is not None and not isinstance(message, str):
         raise InvalidTypeError(f"message must be a str, not {type(message).__name__}")
@@ -1290,15 +1285,10 @@ def _add_folder(store: Store, name: str, folder: object, *, message: Optional[st
                      hashed=hashed, hashed_bytes=nbytes)
 
 
+@_collector_paused()
 def folder_status(store: Store, name: str, folder: object, *, version: Optional[str] = None,
                   exclude: Optional[Iterable[str]] = None, progress: Optional[bool] = None) -> FolderStatus:
     """Compare ``folder`` with a version of ``name``; see :meth:`casstore.Store.status`."""
-    with _collector_paused():
-        return _folder_status(store, name, folder, version=version, exclude=exclude, progress=progress)
-
-
-def _folder_status(store: Store, name: str, folder: object, *, version: Optional[str],
-                   exclude: Optional[Iterable[str]], progress: Optional[bool]) -> FolderStatus:
     path = _folder(folder)
     patterns = _patterns(exclude)
     base: Optional[Manifest]

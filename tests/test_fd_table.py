@@ -9,6 +9,7 @@ parent's highest open descriptor (pytest's may be high), and a fresh one has 64 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,11 +39,7 @@ soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 def _probe(code: str, *args: str, limit: Optional[int] = None) -> List[int]:
     """Run ``_PRELUDE + code`` in a grandchild; the integers it prints."""
-    env = None
-    if limit is not None:
-        import os
-
-        env = dict(os.environ, FD_LIMIT=str(limit))
+    env = None if limit is None else dict(os.environ, FD_LIMIT=str(limit))
     cmd = [sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).returncode)",
            sys.executable, "-c", _PRELUDE + code, *args]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
