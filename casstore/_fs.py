@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import gc
 import io
 import logging
 import os
@@ -30,9 +31,10 @@ import stat as stat_mod
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Generic, List, Optional, Protocol, Tuple, Type, TypeVar
+from typing import Any, Callable, Generic, Iterator, List, Optional, Protocol, Tuple, Type, TypeVar
 
 from .errors import StoreFormatError
 
@@ -48,6 +50,7 @@ __all__ = [
     "dead_writer",
     "syncfs",
     "reserve_fds",
+    "collector_paused",
     "FD_RESERVE",
     "pwrite_all",
     "pread_upto",
@@ -248,6 +251,28 @@ def reserve_fds(n: int = FD_RESERVE) -> None:
         pass
     finally:
         os.close(fd)
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a call (then as it was); also a decorator (a fresh
+    context per call).
+
+    For work that allocates much and makes no reference cycles.  Hazard (measured): the walk of a
+    10,000-file folder and a 1% commit allocate tens of thousands of lists, tuples and records, every
+    one freed by reference counting; the collector's passes over them, and the full pass over every
+    module object they set off, cost ~5 ms of a 1% ``add`` in the CLI and 3.7 ms of its excess over an
+    unchanged re-``add`` (20 alternating rounds, fresh processes).  The switch is the interpreter's:
+    another thread's garbage cycles wait until this returns, and a collector the caller disabled stays
+    disabled.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def pread_upto(fd: int, n: int, off: int) -> bytes:

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import errno
 import fnmatch
-import gc
 import logging
 import os
 import stat as stat_mod
@@ -54,7 +53,6 @@ import sys
 import time
 from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import starmap
 from pathlib import Path
@@ -78,7 +76,7 @@ from typing import (
 import msgpack
 
 from ._faults import fault
-from ._fs import makedirs, read_small_file, reserve_fds, stamp_floor_ns, write_file_atomic
+from ._fs import collector_paused, makedirs, read_small_file, reserve_fds, stamp_floor_ns, write_file_atomic
 from ._fsprobe import RACY_SECONDS, fine_local_stamps
 from ._layout import TMP, object_path
 from ._paths import key_problem
@@ -1136,28 +1134,7 @@ def _delta(files: Sequence[_File], cache: _StatCache, rows: bytes) -> _Delta:
     return _Delta(added, changed, unchanged, sorted(k for k in set(cache.keys).union(cache.new) if k not in walked))
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for one ``add`` or ``status`` (then as it was); a decorator
-    of theirs (a fresh context per call).
-
-    Hazard (measured): the walk of 10,000 files and a 1% commit allocate tens of thousands of lists,
-    tuples and records, every one freed by reference counting; the collector's passes over them, and
-    the full pass over every module object they set off, cost ~5 ms of a 1% ``add`` in the CLI and
-    3.7 ms of its excess over an unchanged re-``add`` (20 alternating rounds, fresh processes).  Nothing
-    here makes reference cycles to wait for.  The switch is the interpreter's: another thread's garbage
-    cycles wait until this returns, and a collector disabled by the caller stays disabled.
-    """
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
-@_collector_paused()
+@collector_paused()
 def add_folder(store: Store, name: str, folder: object, *, message: Optional[str] = None,
                meta: Optional[Mapping[str, Any]] = None, exclude: Optional[Iterable[str]] = None,
                progress: Optional[bool] = None) -> AddResult:
@@ -1285,7 +1262,7 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
                      hashed=hashed, hashed_bytes=nbytes)
 
 
-@_collector_paused()
+@collector_paused()
 def folder_status(store: Store, name: str, folder: object, *, version: Optional[str] = None,
                   exclude: Optional[Iterable[str]] = None, progress: Optional[bool] = None) -> FolderStatus:
     """Compare ``folder`` with a version of ``name``; see :meth:`casstore.Store.status`."""

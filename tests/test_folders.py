@@ -838,7 +838,7 @@ def test_rewriting_scattered_files_is_seen_across_runs_of_rows(store: casstore.S
 
 def test_add_and_status_pause_the_cyclic_collector_and_restore_it(store: casstore.Store, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    # (folders._collector_paused: ~5 ms of a 1% add were the collector's passes over garbage that
+    # (casstore._fs.collector_paused: ~5 ms of a 1% add were the collector's passes over garbage that
     # reference counting frees anyway.)  On while the caller had it on, off while the caller had it off,
     # and restored when the add fails too.
     import gc
