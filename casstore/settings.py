@@ -50,6 +50,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
 
+from ._fs import collector_paused
 from .errors import InvalidInputError, InvalidTypeError, StoreFormatError
 
 __all__ = [
@@ -197,7 +198,12 @@ def read_toml_file(path: Path, *, follow_symlinks: bool = True, max_bytes: int =
         raise StoreFormatError(
             f"settings file {shown} is not UTF-8 (byte {raw[e.start]:#04x} at offset {e.start})") from None
     try:
-        return tomllib.loads(text)
+        # Hazard (a CI run): a hostile document drives tomllib near the recursion limit, and a cyclic
+        # collection that starts there runs the process's weakref finalizers (an index cache's release,
+        # a temporary directory's cleanup) at that depth, where they fail with RecursionError and are
+        # lost.  No collection while a document is parsed.
+        with collector_paused():
+            return tomllib.loads(text)
     except RecursionError:  # tomllib recurses per nested array or inline table
         raise StoreFormatError(f"settings file {shown} is not valid TOML: nested too deeply") from None
     except ValueError as e:  # TOMLDecodeError, and int() refusing a literal of more than 4300 digits
