@@ -129,10 +129,8 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import logging
 import os
-import random
 import stat
 import threading
 import time
@@ -266,6 +264,8 @@ def _number(value: object) -> Optional[float]:
 
 def _parse_holder(data: bytes, mtime: float) -> Optional[Holder]:
     # Hostile bytes (any group member can write a shared store's lock files): anything odd is "no record".
+    import json  # (on use: a command that takes no lock, such as an unchanged status, never loads it)
+
     try:
         doc = json.loads(data.decode("utf-8").strip() or "null")
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -328,12 +328,16 @@ def lease_path(path: Path) -> Path:
 def _record(what: str, every: float, beats: bool) -> bytes:
     doc = {"pid": os.getpid(), "host": _HOST, "pidns": _PIDNS, "started": time.time(), "every": every,
            "what": what[:200], "beats": beats}
+    import json  # (on use, as in _parse_holder)
+
     data = json.dumps(doc).encode("utf-8")[: _RECORD_SIZE - 1]
     return data.ljust(_RECORD_SIZE - 1) + b"\n"
 
 
 def _beats(data: bytes) -> bool:
     """Whether a record says its holder beats (kernel-lock records always do; hostile bytes: no)."""
+    import json  # (on use, as in _parse_holder)
+
     try:
         doc = json.loads(data.decode("utf-8").strip() or "null")
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -990,6 +994,8 @@ class _Wait:
             log.warning("still waiting for the lock on %s (%s) after %.0fs%s", lock.what, lock.path,
                         now - self.start, lock._holder_note(self.holder))
             self.next_log = now + lock.log_every
+        import random  # (on use: only a waiter needs it)
+
         sleep = self.delay * (0.5 + random.random())
         if limit is not None:
             sleep = min(sleep, max(0.0, self.last_life + limit - now))

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import sys
 from typing import Dict, Iterator, List, Tuple
 
 from ..errors import FileChangedError, FrozenError, InvalidInputError
 from ..folders import Skipped
-from .common import Add, open_from_args, printable
+from .common import Add, open_from_args, print_json, printable
 
 __all__ = ["register"]
 
@@ -71,10 +70,9 @@ def cmd_add(args: argparse.Namespace) -> int:
         raise FrozenError(f"{args.name!r} is frozen (a pin) and can never change; add to a new name, "
                           f"e.g. casstore add {args.name}-v2 {args.dir}") from None
     if args.json:
-        print(json.dumps({"name": args.name, "version": str(r.digest), "created": r.created, "files": len(r.manifest),
-                          "added": list(r.added), "modified": list(r.modified), "deleted": list(r.deleted),
-                          "skipped": _skipped_docs(r.skipped), "hashed": r.hashed,
-                          "hashed_bytes": r.hashed_bytes}))
+        print_json({"name": args.name, "version": str(r.digest), "created": r.created, "files": len(r.manifest),
+                    "added": list(r.added), "modified": list(r.modified), "deleted": list(r.deleted),
+                    "skipped": _skipped_docs(r.skipped), "hashed": r.hashed, "hashed_bytes": r.hashed_bytes})
         return 0
     if r.created:
         print(f"{args.name} -> {r.digest}  ({len(r.manifest)} files: {len(r.added)} added, "
@@ -96,9 +94,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     except InvalidInputError as e:
         raise InvalidInputError(_cli_hint(e)) from None
     if args.json:
-        print(json.dumps({"name": args.name, "version": str(st.version) if st.version else None,
-                          "added": list(st.added), "modified": list(st.modified), "deleted": list(st.deleted),
-                          "unchanged": len(st.unchanged), "skipped": _skipped_docs(st.skipped)}))
+        print_json({"name": args.name, "version": str(st.version) if st.version else None,
+                    "added": list(st.added), "modified": list(st.modified), "deleted": list(st.deleted),
+                    "unchanged": len(st.unchanged), "skipped": _skipped_docs(st.skipped)})
         return 0
     for label, keys in (("added", st.added), ("modified", st.modified), ("deleted", st.deleted)):
         for k in keys:

@@ -36,7 +36,6 @@ Crash points for tests: ``manifest.before_object``, ``manifest.after_object``
 from __future__ import annotations
 
 import os
-import random
 import re
 import time
 from contextlib import ExitStack
@@ -417,6 +416,8 @@ class ManifestEditor(MutableMapping[str, Entry]):
             if self._store.refs.swap("heads", self.name, digest, head):
                 fault("manifest.after_ref")
                 return Manifest(digest, doc, name=self.name)
+            import random  # (on use: only a writer that lost a race needs it)
+
             time.sleep(random.random() * 0.0005 * min(attempt + 1, 20))  # losers spread out, not in lockstep
             base, head, meta = self._rebase(meta)
         raise LockTimeout(
