@@ -49,9 +49,7 @@ import logging
 import os
 import stat as stat_mod
 import struct
-import sys
 import time
-from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import starmap
@@ -532,6 +530,10 @@ class _StatCache:
     def put(self, key: str, st: StatKey, d: Digest) -> None:
         self.new[key] = (st, d)
 
+    def read_stats(self) -> List[StatKey]:
+        """The stats put since the load: of the files read since (the others matched a loaded row)."""
+        return [st for st, _ in self.new.values()]
+
     def vouches(self, version: Digest, patterns: Sequence[str]) -> bool:
         """True if the entries are exactly ``version``'s, for a walk with ``patterns``."""
         return self.version == version.hex and self.patterns == list(patterns)
@@ -626,17 +628,6 @@ def _root_field(real: str) -> Union[str, bytes]:
     except UnicodeEncodeError:
         return os.fsencode(real)
     return real
-
-
-def _newest_stamp(rows: bytes) -> int:
-    """The latest mtime or ctime (ns) in packed stat rows (:data:`_ROW`); -1 for none."""
-    if not rows:
-        return -1
-    cols = array("q")  # (rows are five little-endian 64-bit fields; the times are the last two, signed)
-    cols.frombytes(rows)
-    if sys.byteorder != "little":
-        cols.byteswap()
-    return max(max(cols[3::5]), max(cols[4::5]))
 
 
 def _unpack_row(rows: bytes, i: int) -> StatKey:
@@ -734,14 +725,17 @@ class _CleanMark:
                 and doc.get("version") == version.hex and doc.get("patterns") == list(patterns)
                 and doc.get("files") == len(files) and doc.get("fp") == fp)
 
-    def save(self, version: Digest, patterns: Sequence[str], files: Sequence[_File], floor: int) -> None:
-        """Record that the folder, walked as ``files`` (after ``floor``), equals ``version`` (unless a file is racy)."""
-        lo = min(floor, time.time_ns() - int(RACY_SECONDS * 1e9))
-        # The full rule only for files stamped at or after ``lo``, and a pass over the files only if the
-        # newest stamp in the walk's packed rows is (10,000 files: ~0.1 ms, a pass in Python ~0.6 ms).
-        recent = _newest_stamp(self.rows(files)) >= lo
-        if not self._fingerprint(files) or (recent and any(_racy(f.st, floor) for f in files
-                                                           if f.st[3] >= lo or f.st[4] >= lo)):
+    def save(self, version: Digest, patterns: Sequence[str], files: Sequence[_File], floor: int,
+             read: Iterable[StatKey]) -> None:
+        """Record that the folder, walked as ``files`` (after ``floor``), equals ``version`` (unless a file is racy).
+
+        ``read``: the stats of the files this add or status read (:meth:`_StatCache.read_stats`).  Only
+        they can be racy: every other file matched a stat cache row, and a row is saved only settled
+        (:meth:`_StatCache.save`; time only moves on).  Hazard: the rule applied to every walked file
+        was a pass in Python over 10,000 files on each add that changed 1% of them (~2.5 ms here).
+        """
+        lo = min(floor, time.time_ns() - int(RACY_SECONDS * 1e9))  # (the full rule only for files stamped since)
+        if not self._fingerprint(files) or any(_racy(st, floor) for st in read if st[3] >= lo or st[4] >= lo):
             self.drop()  # a write in the same timestamp tick would go unseen (or a stat not packed exactly)
             return
         doc = {"v": _MARK_VERSION, "root": self.root, "version": version.hex, "patterns": list(patterns),
@@ -1250,7 +1244,7 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
     try:
         cache.save(present, floor=floor, version=result.digest if whole else None, patterns=patterns)
         if whole:
-            mark.save(result.digest, patterns, files, floor)
+            mark.save(result.digest, patterns, files, floor, cache.read_stats())
     except Exception as e:  # noqa: BLE001 - committed: nothing after it may fail the add
         log.warning("%s: the stat cache was not saved (%s: %s); the next add or status reads the folder again",
                     path, type(e).__name__, e)
@@ -1301,7 +1295,7 @@ def folder_status(store: Store, name: str, folder: object, *, version: Optional[
                 for k in same:
                     cache.put(k, scratch.entry(k)[0], digests[k])
                 cache.save({f.key for f in files}, floor=floor, version=base.digest, patterns=patterns)
-                mark.save(base.digest, patterns, files, floor)
+                mark.save(base.digest, patterns, files, floor, cache.read_stats())
             return FolderStatus(tuple(f.key for f in delta.added),
                                 tuple(f.key for f in delta.changed if f.key not in same), tuple(delta.deleted),
                                 tuple(sorted(delta.unchanged + list(same))), tuple(skipped), base.digest, hashed)
@@ -1328,7 +1322,7 @@ def folder_status(store: Store, name: str, folder: object, *, version: Optional[
     elif cache.version is None:  # (a cache vouching for another version, the head say, stays as it was)
         cache.save(keys, floor=floor)
     if clean and base is not None:
-        mark.save(base.digest, patterns, files, floor)
+        mark.save(base.digest, patterns, files, floor, cache.read_stats())
     return FolderStatus(tuple(added), tuple(modified), tuple(deleted), tuple(unchanged), tuple(skipped),
                         base.digest if base is not None else None, hashed)
 
