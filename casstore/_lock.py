@@ -326,10 +326,10 @@ def lease_path(path: Path) -> Path:
 
 
 def _record(what: str, every: float, beats: bool) -> bytes:
-    doc = {"pid": os.getpid(), "host": _HOST, "pidns": _PIDNS, "started": time.time(), "every": every,
-           "what": what[:200], "beats": beats}
     import json  # (on use, as in _parse_holder)
 
+    doc = {"pid": os.getpid(), "host": _HOST, "pidns": _PIDNS, "started": time.time(), "every": every,
+           "what": what[:200], "beats": beats}
     data = json.dumps(doc).encode("utf-8")[: _RECORD_SIZE - 1]
     return data.ljust(_RECORD_SIZE - 1) + b"\n"
 

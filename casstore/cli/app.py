@@ -56,14 +56,17 @@ COMMANDS: Dict[str, str] = {
 
 Only the module of the command being run is imported (:func:`build_parser`).  Hazard: importing every
 command module (and what each imports: ``tempfile``, ``json``, the feature packages' neighbours) was
-paid by every ``casstore status``, a command people run in a loop; tests/test_cli_startup.py checks
-this table against what each module registers, so a new command cannot be missed.
+paid by every ``casstore status``, a command people run in a loop.  tests/test_cli_global.py checks
+this table against what each module registers (a new command cannot be missed) and what a command imports.
 """
 
 
 def _command_modules(command: Optional[str]) -> Tuple[ModuleType, ...]:
     """The command modules :func:`_build` registers: the one of ``command``, or all (in --help order)."""
-    names = (COMMANDS[command],) if command in COMMANDS else () if command is not None else _COMMAND_MODULES
+    if command is None:
+        names: Sequence[str] = _COMMAND_MODULES
+    else:
+        names = (COMMANDS[command],) if command in COMMANDS else ()  # ("completion" and "" need none)
     return tuple(importlib.import_module(f"{__package__}.{n}") for n in names)
 
 
