@@ -261,6 +261,14 @@ def test_remote_commands_json(tmp_path: Path, remote_url: str, seaweed: Any) -> 
 def test_python_dash_m_casstore_and_version(tmp_path: Path) -> None:
     r = cli(tmp_path, "--version")
     assert r.returncode == 0 and r.stdout.strip() == f"casstore {casstore.__version__}"
+    for args in (["--store", "x", "--version"], ["--version", "--no-such-flag"], ["--debug", "--version", "ls"]):
+        r = cli(tmp_path, *args)
+        assert (r.returncode, r.stdout.strip(), r.stderr) == (0, f"casstore {casstore.__version__}", ""), args
+    # ... answered before argparse, so the console script's quick exit applies (no teardown).
+    code = ("import sys\nclass Noisy:\n    def __del__(self):\n        sys.stdout.write('torn down')\n"
+            "keep = Noisy()\nsys.argv = ['casstore', '--version']\nfrom casstore.cli import entry\nentry()\n")
+    r = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60, env=_env(tmp_path))
+    assert r.returncode == 0 and r.stdout.strip() == f"casstore {casstore.__version__}", r
     r = cli(tmp_path, "--help")
     assert r.returncode == 0 and "completion" in r.stdout
 
