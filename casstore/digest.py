@@ -17,7 +17,7 @@ from typing import Optional, Type, Union
 
 import blake3
 
-from ._fs import Beside, read_whole_reused, run_beside
+from ._fs import Beside, read_reused, run_beside
 from .errors import IntegrityError, InvalidDigestError, InvalidTypeError
 
 __all__ = ["Digest", "ALGORITHM", "HEX_LEN", "hash_bytes", "hash_fd", "new_hasher", "HashBeside"]
@@ -190,10 +190,10 @@ def hash_fd(fd: int, size: int, *, threaded: bool = True, window: int = _HASH_WI
     :class:`IntegrityError` (it changed while being hashed).
     """
     if size < _SMALL_FILE:
-        buf = read_whole_reused(fd, size)  # (this thread's buffer: status reads many small files)
-        if buf is None:
-            raise IntegrityError(f"file changed size while being hashed (expected {size} bytes)")
-        return Digest(blake3.blake3(buf).hexdigest())
+        h = blake3.blake3()
+        for piece in read_reused(fd, size, "hashed"):  # (this thread's buffer: status reads many small files)
+            h.update(piece)
+        return Digest(h.hexdigest())
     # Hazard: a file truncated under a live mapping raises SIGBUS on access, so
     # the size is checked against fstat before each window is mapped.
     h = new_hasher(threaded=threaded)

@@ -28,6 +28,7 @@ from conftest import (
 
 import casstore
 from casstore import Digest
+from casstore.digest import hash_fd
 from casstore.errors import CompressedObjectError, InvalidInputError, ObjectNotFoundError
 
 RANDOM = os.urandom(300_000)
@@ -517,7 +518,7 @@ def test_write_many_checks_every_digest_and_counts_what_it_created(store: cassto
 
 
 def test_stage_fd_stores_each_file_exactly_though_one_buffer_is_reused(tmp_path: Path) -> None:
-    # Files under 1 MiB are read into a buffer the thread keeps (no fresh pages per file): a short
+    # Files under 1 MiB are read through a buffer the thread keeps (no fresh pages per file): a short
     # file read after a long one must not carry the long one's tail, nor an empty one anything.
     s = casstore.open(tmp_path / "s", compress=False)
     sizes = [900 << 10, 10, 0, 500 << 10, (1 << 20) - 1, 1]
@@ -535,17 +536,46 @@ def test_stage_fd_stores_each_file_exactly_though_one_buffer_is_reused(tmp_path:
         assert s.get(staged.digest) == data
 
 
-@pytest.mark.parametrize("told", [999, 1001])
-def test_stage_fd_of_a_file_not_the_size_it_was_told_is_refused(tmp_path: Path, told: int) -> None:
-    # 999: the file has a byte more (it grew); 1001: a byte less (it shrank).  Either way it changed
-    # since its stat, and the caller reads it again; nothing is staged.
+def test_the_reused_read_buffer_stays_one_piece_long_whatever_the_file_size(tmp_path: Path) -> None:
+    # Issue 12: the buffer grew to the largest file read (up to 1 MiB, ~250 fresh pages per pool
+    # thread in every add or status process).  Every file is read through one buffer of REUSED_CHUNK
+    # (+1 byte to see growth), in pieces no longer than that, and the pieces are the file exactly.
+    from casstore._fs import REUSED_CHUNK, read_reused
+
+    buffers = set()
+    for i, n in enumerate([900 << 10, 10, 0, REUSED_CHUNK, REUSED_CHUNK + 1, (1 << 20) - 1, 1]):
+        data = random.Random(i).randbytes(n)
+        src = tmp_path / f"f{i}"
+        src.write_bytes(data)
+        fd = os.open(src, os.O_RDONLY)
+        try:
+            got = b""
+            for piece in read_reused(fd, n, "hashed"):
+                assert len(piece) <= REUSED_CHUNK
+                assert isinstance(piece.obj, bytearray) and len(piece.obj) == REUSED_CHUNK + 1
+                buffers.add(id(piece.obj))
+                got += piece
+        finally:
+            os.close(fd)
+        assert got == data, n
+    assert len(buffers) == 1  # one buffer, kept by this thread
+
+
+@pytest.mark.parametrize(("size", "told"), [(1000, 999), (1000, 1001), (600 << 10, (600 << 10) - 1),
+                                           (600 << 10, (600 << 10) + 1), (600 << 10, 300 << 10)])
+def test_stage_fd_of_a_file_not_the_size_it_was_told_is_refused(tmp_path: Path, size: int, told: int) -> None:
+    # Told less: the file has more bytes (it grew); told more: fewer (it shrank).  Either way it changed
+    # since its stat, and the caller reads it again; nothing is staged.  (600 KiB: read in several pieces
+    # of the reused buffer, the change seen in the last one.)
     s = casstore.open(tmp_path / "s", compress=False)
     src = tmp_path / "f"
-    src.write_bytes(b"x" * 1000)
+    src.write_bytes(b"x" * size)
     fd = os.open(src, os.O_RDONLY)
     try:
         with pytest.raises(casstore.IntegrityError, match="changed size"):
             s.objects.stage_fd(fd, told)
+        with pytest.raises(casstore.IntegrityError, match="changed size"):
+            hash_fd(fd, told)
     finally:
         os.close(fd)
     assert os.listdir(s.root / "tmp") == []

@@ -65,7 +65,7 @@ from .._fs import (
     open_store_dir,
     pread_upto,
     pwrite_all,
-    read_whole_reused,
+    read_reused,
     refuse_links_between,
     run_beside,
     stamp_floor_ns,
@@ -1061,11 +1061,11 @@ class LocalObjects(ObjectStore):
             if size < _STAGE_READ_MAX:
                 # One read of the source, then hash and write that same buffer: half the page-cache
                 # passes of copy-then-hash-the-copy for the many small files of a folder.
-                buf = read_whole_reused(src, size)  # (this thread's buffer: no fresh pages per file)
-                if buf is None:
-                    raise IntegrityError(f"file changed size while being stored (expected {size} bytes)")
-                d = hash_bytes(buf)
-                st.write(buf)
+                h = new_hasher()
+                for piece in read_reused(src, size, "stored"):  # (this thread's buffer: no fresh pages per file)
+                    h.update(piece)
+                    st.write(piece)
+                d = Digest(h.hexdigest())
             else:
                 copy_exact(src, st.fd, size)
                 d = hash_fd(st.fd, size)
