@@ -371,11 +371,20 @@ def _cache_entries(store: casstore.Store) -> Dict[str, tuple]:
 
     import msgpack
 
-    doc = msgpack.unpackb(_cache_file(store).read_bytes(), raw=False)
+    base = _cache_file(store)
+    doc = msgpack.unpackb(base.read_bytes(), raw=False)
     keys, rows, digests = doc["keys"], doc["rows"], doc["digests"]
     assert keys == sorted(keys) and len(rows) == 40 * len(keys) and len(digests) == 32 * len(keys)
-    return {k: (*struct.unpack_from("<QQQqq", rows, 40 * i), digests[32 * i:32 * i + 32].hex())
-            for i, k in enumerate(keys)}
+    out = {k: (*struct.unpack_from("<QQQqq", rows, 40 * i), digests[32 * i:32 * i + 32].hex())
+           for i, k in enumerate(keys)}
+    patch = base.with_suffix(".patch")
+    if patch.exists():  # rows saved since the base, if it names this base (docs/folders.md, "The stat cache")
+        p = msgpack.unpackb(patch.read_bytes(), raw=False)
+        if p["base"] == doc["id"]:
+            assert set(p["keys"]) <= set(keys)
+            out.update((k, (*struct.unpack_from("<QQQqq", p["rows"], 40 * i), p["digests"][32 * i:32 * i + 32].hex()))
+                       for i, k in enumerate(p["keys"]))
+    return out
 
 
 @pytest.mark.parametrize("damage", ["digests one byte short", "rows one byte long", "a key twice",
