@@ -182,7 +182,7 @@ def hash_fd(fd: int, size: int, *, threaded: bool = True, window: int = _HASH_WI
             stop: Optional[threading.Event] = None) -> Digest:
     """The digest of the first ``size`` bytes of an open file: THE file hasher of casstore.
 
-    Small files are read into memory; larger ones are hashed through bounded
+    Small files are read through this thread's reused buffer; larger ones are hashed through bounded
     ``mmap`` windows (no copy).  ``threaded=False`` when another thread is busy
     reading the same data (the second core is then this hasher's, and blake3's
     pool would only contend).  ``window``: bytes mapped at a time (verify maps

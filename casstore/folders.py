@@ -666,11 +666,10 @@ class _StatCache:
         _write_cache(self.store, self.path, {"v": _CACHE_VERSION, "root": self.root, "id": os.urandom(_CACHE_ID_SIZE),
                                              "keys": out_keys, "rows": bytes(rows), "digests": bytes(digests),
                                              **claimed})
-        if self.id is not None:
-            try:
-                os.unlink(self.patch_path)
-            except OSError:  # (none, or a read-only store: a stale patch is ignored anyway)
-                pass
+        try:
+            os.unlink(self.patch_path)
+        except OSError:  # (none, or a read-only store: a stale patch is ignored anyway)
+            pass
 
 
 def _walk_rows(files: Sequence[_File]) -> Tuple[bytes, bool]:

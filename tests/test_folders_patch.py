@@ -183,3 +183,23 @@ def test_a_damaged_patch_is_ignored_and_the_base_answers(store: casstore.Store, 
     reads.clear()
     assert not store.add("exp", f).created
     assert folder_content(store, "exp") == dict(FILES, **{k: b"new " + k.encode() for k in changed})
+
+
+def test_a_base_from_before_patches_gets_an_id_at_its_next_save(store: casstore.Store, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # A base written by an older casstore has no id: no patch applies to it (a patch left beside it
+    # is stale), and its first save rewrites it whole, with an id, and removes the stale patch.
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    store.add("exp", f)
+    _rewrite(f, sorted(FILES)[:2])
+    store.add("exp", f)
+    assert _patch(store).exists()
+    base = _doc(_cache_file(store))
+    del base["id"]
+    _cache_file(store).write_bytes(msgpack.packb(base, use_bin_type=True))  # (the patch now names no base)
+    _mark(store).unlink()
+    reads = count_reads(monkeypatch)
+    assert not store.status("exp", f) and sorted(reads) == sorted(FILES)[:2]  # the base alone: older rows
+    assert "id" in _doc(_cache_file(store)) and not _patch(store).exists()
+    _entries_match_the_folder(store, f)

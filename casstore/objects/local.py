@@ -1037,8 +1037,9 @@ class LocalObjects(ObjectStore):
         collects staged objects and publishes them with :meth:`publish_batch`
         (one ``syncfs`` before and after the whole batch instead of two fsyncs
         per object), or aborts them.  What is hashed is what is staged: a raw
-        object's *staged copy* is hashed (a file under 1 MiB is read once into
-        memory, hashed and written from that buffer), a compressed one hashes
+        object's *staged copy* is hashed (a file under 1 MiB is read once, in
+        pieces through this thread's reused buffer, each piece hashed and written
+        from it), a compressed one hashes
         the bytes fed to zstd -- so the digest names exactly the bytes a
         publish makes visible, even if ``src`` changes meanwhile (the caller
         compares its stat before and after to know whether it did).  Nothing is
@@ -1059,7 +1060,7 @@ class LocalObjects(ObjectStore):
                     raise IntegrityError(f"file changed size while being stored (expected {size} bytes)") from None
                 return StagedObject(st, d, ZSTD)
             if size < _STAGE_READ_MAX:
-                # One read of the source, then hash and write that same buffer: half the page-cache
+                # One read of the source, then hash and write that same piece: half the page-cache
                 # passes of copy-then-hash-the-copy for the many small files of a folder.
                 h = new_hasher()
                 for piece in read_reused(src, size, "stored"):  # (this thread's buffer: no fresh pages per file)
