@@ -491,11 +491,10 @@ class _StatCache:
         doc = self._doc(self.path)
         if doc is None:
             return
-        keys, rows, digests = doc.get("keys"), doc.get("rows"), doc.get("digests")
-        if not (type(keys) is list and type(rows) is bytes and type(digests) is bytes
-                and len(rows) == _ROW.size * len(keys) and len(digests) == _DIGEST_SIZE * len(keys)
-                and all(type(k) is str for k in keys)):
+        cols = _columns(doc)
+        if cols is None or not all(type(k) is str for k in cols[0]):
             return
+        keys, rows, digests = cols
         pos = {k: i for i, k in enumerate(keys)}
         if len(pos) != len(keys):
             return  # a key twice: no cache
@@ -529,10 +528,10 @@ class _StatCache:
         doc = self._doc(self.patch_path)
         if doc is None or doc.get("base") != self.id:
             return None
-        keys, rows, digests = doc.get("keys"), doc.get("rows"), doc.get("digests")
-        if not (type(keys) is list and type(rows) is bytes and type(digests) is bytes
-                and len(rows) == _ROW.size * len(keys) and len(digests) == _DIGEST_SIZE * len(keys)):
+        cols = _columns(doc)
+        if cols is None:
             return None
+        keys, rows, digests = cols
         pos, size, dsize = self.pos, _ROW.size, _DIGEST_SIZE
         over: Dict[int, Tuple[bytes, bytes]] = {}
         for j, k in enumerate(keys):
@@ -670,6 +669,15 @@ class _StatCache:
             os.unlink(self.patch_path)
         except OSError:  # (none, or a read-only store: a stale patch is ignored anyway)
             pass
+
+
+def _columns(doc: Mapping[Any, Any]) -> Optional[Tuple[List[Any], bytes, bytes]]:
+    """A stat cache file's (or patch's) keys, rows and digests, if the columns line up; else None."""
+    keys, rows, digests = doc.get("keys"), doc.get("rows"), doc.get("digests")
+    if not (type(keys) is list and type(rows) is bytes and type(digests) is bytes
+            and len(rows) == _ROW.size * len(keys) and len(digests) == _DIGEST_SIZE * len(keys)):
+        return None
+    return keys, rows, digests
 
 
 def _walk_rows(files: Sequence[_File]) -> Tuple[bytes, bool]:
