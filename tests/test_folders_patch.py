@@ -203,3 +203,38 @@ def test_a_base_from_before_patches_gets_an_id_at_its_next_save(store: casstore.
     assert not store.status("exp", f) and sorted(reads) == sorted(FILES)[:2]  # the base alone: older rows
     assert "id" in _doc(_cache_file(store)) and not _patch(store).exists()
     _entries_match_the_folder(store, f)
+
+
+@pytest.mark.parametrize("plant", ["fifo", "symlink to a lying patch"])
+def test_a_planted_patch_is_never_followed_or_waited_on(store: casstore.Store, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch, plant: str) -> None:
+    # Any member of a shared store can plant files under cache/stat.  A FIFO at the patch's path must
+    # not block a status; a symlink to a patch that would be believed (it names the base, and lies)
+    # must not be followed.
+    import threading
+
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    v1 = store.add("exp", f).digest
+    _rewrite(f, sorted(FILES)[:2])
+    store.add("exp", f)
+    path = _patch(store)
+    lie = _doc(path)
+    lie["digests"] = bytes(32 * len(lie["keys"]))
+    lie["version"] = v1.hex
+    elsewhere = tmp_path / "lying.patch"
+    elsewhere.write_bytes(msgpack.packb(lie, use_bin_type=True))
+    path.unlink()
+    if plant == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(elsewhere)
+    _mark(store).unlink()
+    done: List[object] = []
+    t = threading.Thread(target=lambda: done.append(store.status("exp", f)), daemon=True)
+    t.start()
+    t.join(30)
+    assert done, "status hung on a planted patch"
+    st = done[0]
+    # Not believed: the base alone (older rows: the two files changed since it are read, found as the head has them).
+    assert isinstance(st, folders.FolderStatus) and not st
