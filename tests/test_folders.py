@@ -80,6 +80,17 @@ def count_copies(monkeypatch: pytest.MonkeyPatch) -> List[str]:
     return seen
 
 
+def status_without_hanging(store: casstore.Store, f: Path, what: str) -> folders.FolderStatus:
+    """``store.status("exp", f)``, failing the test if it does not return within 30 s (blocked on ``what``)."""
+    done: List[object] = []
+    t = threading.Thread(target=lambda: done.append(store.status("exp", f)), daemon=True)
+    t.start()
+    t.join(30)
+    assert done, f"status hung on {what}"
+    assert isinstance(done[0], folders.FolderStatus)
+    return done[0]
+
+
 def added_folder(store: casstore.Store, tmp_path: Path, files: Dict[str, bytes] = FILES) -> Path:
     """``tmp_path/f`` holding ``files``, added as ``exp``."""
     f = tmp_path / "f"
@@ -801,13 +812,8 @@ def test_planted_cache_files_are_never_followed_or_waited_on(store: casstore.Sto
         target.mkdir()
     else:
         target.symlink_to(other)
-    done: List[object] = []
-    t = threading.Thread(target=lambda: done.append(store.status("exp", f)), daemon=True)
-    t.start()
-    t.join(30)
-    assert done, "status hung on a planted cache file"
-    st = done[0]
-    assert isinstance(st, folders.FolderStatus) and st.modified == ("a.txt",)
+    st = status_without_hanging(store, f, "a planted cache file")
+    assert st.modified == ("a.txt",)
 
 
 @settings(max_examples=60, deadline=None)

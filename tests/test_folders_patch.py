@@ -12,11 +12,19 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import msgpack
 import pytest
-from test_folders import _cache_entries, _cache_file, _mark, count_reads, folder_content, make_tree
+from test_folders import (
+    _cache_entries,
+    _cache_file,
+    _mark,
+    count_reads,
+    folder_content,
+    make_tree,
+    status_without_hanging,
+)
 
 import casstore
 import casstore.folders as folders
@@ -46,6 +54,25 @@ def _rewrite(f: Path, keys: List[str]) -> None:
     time.sleep(0.01)
     for k in keys:
         (f / k).write_bytes(b"new " + k.encode())
+
+
+def _patched(tmp_path: Path, store: casstore.Store) -> Tuple[Path, Digest]:
+    """A folder added as ``exp``, then two of its files rewritten and added again (a patch beside the
+    base); the folder and the first version."""
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    v1 = store.add("exp", f).digest
+    _rewrite(f, sorted(FILES)[:2])
+    store.add("exp", f)
+    return f, v1
+
+
+def _lying(patch: Dict[str, Any], v1: Digest) -> bytes:
+    """``patch`` made to lie: zero digests for files whose stat it has exactly, and a claim of the first
+    version (so status compares with the head in full, and a believed lie shows)."""
+    patch["digests"] = bytes(32 * len(patch["keys"]))
+    patch["version"] = v1.hex
+    return msgpack.packb(patch, use_bin_type=True)  # type: ignore[no-any-return]
 
 
 def _entries_match_the_folder(store: casstore.Store, f: Path) -> None:
@@ -112,22 +139,16 @@ def test_a_patch_is_used_only_with_the_base_it_names(store: casstore.Store, tmp_
     # digests for files whose stat it has exactly, and a claim of the first version, so status
     # compares with the head in full), so using it would show: the control case, naming the
     # current base, is believed (a cache of this user's own is trusted, as ever).
-    f = tmp_path / "f"
-    make_tree(f, FILES)
-    v1 = store.add("exp", f).digest
-    _rewrite(f, sorted(FILES)[:2])
-    store.add("exp", f)
+    f, v1 = _patched(tmp_path, store)
     stale = _doc(_patch(store))
     old_id = _doc(_cache_file(store))["id"]
     (f / "added").write_bytes(b"a new key: the next save rewrites the base")
     store.add("exp", f)
     assert _doc(_cache_file(store))["id"] != old_id and not _patch(store).exists()
-    stale["digests"] = bytes(32 * len(stale["keys"]))
-    stale["version"] = v1.hex
     if names == "the current base":
         stale["base"] = _doc(_cache_file(store))["id"]
         # The base has the same rows for these keys (rewritten with them): the lying digests are the only change.
-    _patch(store).write_bytes(msgpack.packb(stale, use_bin_type=True))
+    _patch(store).write_bytes(_lying(stale, v1))
     _mark(store).unlink()
     reads = count_reads(monkeypatch)
     st = store.status("exp", f)
@@ -211,30 +232,16 @@ def test_a_planted_patch_is_never_followed_or_waited_on(store: casstore.Store, t
     # Any member of a shared store can plant files under cache/stat.  A FIFO at the patch's path must
     # not block a status; a symlink to a patch that would be believed (it names the base, and lies)
     # must not be followed.
-    import threading
-
-    f = tmp_path / "f"
-    make_tree(f, FILES)
-    v1 = store.add("exp", f).digest
-    _rewrite(f, sorted(FILES)[:2])
-    store.add("exp", f)
+    f, v1 = _patched(tmp_path, store)
     path = _patch(store)
-    lie = _doc(path)
-    lie["digests"] = bytes(32 * len(lie["keys"]))
-    lie["version"] = v1.hex
     elsewhere = tmp_path / "lying.patch"
-    elsewhere.write_bytes(msgpack.packb(lie, use_bin_type=True))
+    elsewhere.write_bytes(_lying(_doc(path), v1))
     path.unlink()
     if plant == "fifo":
         os.mkfifo(path)
     else:
         path.symlink_to(elsewhere)
     _mark(store).unlink()
-    done: List[object] = []
-    t = threading.Thread(target=lambda: done.append(store.status("exp", f)), daemon=True)
-    t.start()
-    t.join(30)
-    assert done, "status hung on a planted patch"
-    st = done[0]
+    st = status_without_hanging(store, f, "a planted patch")
     # Not believed: the base alone (older rows: the two files changed since it are read, found as the head has them).
-    assert isinstance(st, folders.FolderStatus) and not st
+    assert not st
