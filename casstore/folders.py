@@ -77,7 +77,7 @@ import msgpack
 from ._faults import fault
 from ._fs import collector_paused, makedirs, read_small_file, reserve_fds, stamp_floor_ns, write_file_atomic
 from ._fsprobe import RACY_SECONDS, fine_local_stamps
-from ._layout import TMP, object_path
+from ._layout import TMP
 from ._paths import key_problem
 from ._progress import Progress
 from .codecs import RAW
@@ -1027,11 +1027,9 @@ class _Batcher:
     def _note(self, items: Sequence[StagedObject]) -> None:
         for it in items:
             if it.codec is RAW:
-                try:
-                    self.record.note(it.digest, os.stat(object_path(self.root, it.digest, RAW),
-                                                        follow_symlinks=False))
-                except OSError:  # collected or moved meanwhile: simply not vouched for
-                    pass
+                st = it.staging.published_stat  # (None: not published by this batch)
+                if st is not None:
+                    self.record.note(it.digest, st)
 
     def published(self) -> None:
         """The commit published the held batch: vouch for it in the hash record."""

@@ -11,6 +11,7 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import blake3
@@ -534,6 +535,26 @@ def test_stage_fd_stores_each_file_exactly_though_one_buffer_is_reused(tmp_path:
         assert staged.digest == Digest.of(data), n
         s.objects.publish_batch([staged])
         assert s.get(staged.digest) == data
+
+
+def test_a_published_staging_file_records_its_stat_as_published(tmp_path: Path) -> None:
+    # The hash record notes this stat for each object a folder add publishes (link-mode checkouts trust
+    # it): it must be the file's stat after the rename, which changed its ctime, not before it.
+    from casstore._fs import Staging
+
+    st = Staging(tmp_path)
+    st.write(b"bytes")
+    assert st.published_stat is None
+    time.sleep(0.02)  # (so a ctime taken before the rename would differ from the one after)
+    st.commit(tmp_path / "out", durable=False)
+    after = os.stat(tmp_path / "out")
+    got = st.published_stat
+    assert got is not None and (got.st_ino, got.st_size, got.st_mode) == (after.st_ino, 5, after.st_mode)
+    assert (got.st_mtime_ns, got.st_ctime_ns) == (after.st_mtime_ns, after.st_ctime_ns)
+    failed = Staging(tmp_path)
+    with pytest.raises(OSError):
+        failed.commit(tmp_path / "out" / "x", durable=False)  # (a file where a directory must be)
+    assert failed.published_stat is None
 
 
 def test_the_reused_read_buffer_stays_one_piece_long_whatever_the_file_size(tmp_path: Path) -> None:
