@@ -44,6 +44,7 @@ docs/folders.md for the user's view.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import fnmatch
 import logging
@@ -53,11 +54,12 @@ import struct
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from itertools import starmap
+from itertools import chain, starmap
 from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import (
     TYPE_CHECKING,
+    AbstractSet,
     Any,
     Dict,
     Iterable,
@@ -124,6 +126,7 @@ _CACHE_MAX_BYTES = 1 << 30  # a cache bigger than this is garbage, not a cache
 _CACHE_ID_SIZE = 16  # a base file's random id, named by the patch that applies to it
 _PATCH_SHARE = 16  # a patch holds at most 1/16 of its base's rows (_PATCH_MIN at least); then the base is rewritten
 _PATCH_MIN = 64
+_FINDS = 256  # stat cache lookups by bisection before the key -> row map is built (~0.5 ms for 10,000 keys)
 _MARK_MAX_BYTES = 64 << 10  # a clean mark is a root path, a version, patterns and a fingerprint
 
 StatKey = Tuple[int, int, int, int, int]
@@ -422,20 +425,19 @@ def _cache_path(store: Store, folder: Path) -> Tuple[str, Path]:
     return real, store.root / CACHE_DIR / f"{hash_bytes(os.fsencode(real)).hex[:32]}.{os.geteuid()}.msgpack"
 
 
-def _same_rows(a: bytes, b: bytes, size: int) -> List[bool]:
-    """Per row of ``size`` bytes: is it equal in ``a`` and ``b`` (of equal length)?
+def _differing_rows(a: bytes, b: bytes, size: int) -> List[int]:
+    """The indexes of the rows of ``size`` bytes that differ between ``a`` and ``b`` (of equal length), in order.
 
     Runs of 16 rows are compared whole first (one ``memcmp`` each), so a folder with 1% of its files
     rewritten compares ~1,000 runs and the rows of the runs that differ, instead of looking up every
-    key: 10,000 files in about 1 ms instead of 8.
+    key: 10,000 files in well under 1 ms, instead of 8 ms of lookups.
     """
-    n = len(a) // size
-    out = [True] * n
+    out: List[int] = []
     run = 16 * size
     for off in range(0, len(a), run):
         if a[off:off + run] != b[off:off + run]:
-            for i in range(off // size, min(n, (off + run) // size)):
-                out[i] = a[i * size:(i + 1) * size] == b[i * size:(i + 1) * size]
+            end = min(len(a), off + run)
+            out.extend(i // size for i in range(off, end, size) if a[i:i + size] != b[i:i + size])
     return out
 
 
@@ -474,8 +476,10 @@ class _StatCache:
         self.patch_path = path.with_suffix(".patch")
         self.root = _root_field(real)
         self.store = store
-        self.keys: List[str] = []  # sorted, as the walk sorts its files
-        self.pos: Dict[str, int] = {}  # key -> row
+        self.keys: List[str] = []  # sorted, as the walk sorts its files (each a str; unique: see _indexed)
+        self._pos: Optional[Dict[str, int]] = None  # key -> row, built on first need (see pos)
+        self._finds = 0  # lookups by bisection so far (see _find)
+        self.walked = False  # differing() found exactly the walk's keys here, in its order
         self.rows = b""  # _ROW per key (the base file's)
         self.digests = b""  # 32 raw bytes per key (the base file's)
         self.id: Optional[bytes] = None  # the base file's id (None: an older base, never patched)
@@ -492,13 +496,17 @@ class _StatCache:
         if doc is None:
             return
         cols = _columns(doc)
-        if cols is None or not all(type(k) is str for k in cols[0]):
+        if cols is None:
             return
         keys, rows, digests = cols
-        pos = {k: i for i, k in enumerate(keys)}
-        if len(pos) != len(keys):
-            return  # a key twice: no cache
-        self.keys, self.pos, self.rows, self.digests = keys, pos, rows, digests
+        try:
+            "\0".join(keys)  # every key a str (one pass in C; a key of another type is a TypeError)
+        except TypeError:
+            return
+        # Hazard (issue 12): the key -> row map and a Python pass checking each key cost ~1 ms of every
+        # 1% add of 10,000 files, whose walk finds exactly these keys.  A key twice is found when the
+        # map is built (pos), which only a walk with other keys needs (see vouches).
+        self.keys, self.rows, self.digests = keys, rows, digests
         ident = doc.get("id")
         if type(ident) is bytes and len(ident) == _CACHE_ID_SIZE:
             self.id = ident
@@ -532,15 +540,49 @@ class _StatCache:
         if cols is None:
             return None
         keys, rows, digests = cols
-        pos, size, dsize = self.pos, _ROW.size, _DIGEST_SIZE
+        size, dsize = _ROW.size, _DIGEST_SIZE
         over: Dict[int, Tuple[bytes, bytes]] = {}
         for j, k in enumerate(keys):
-            i = pos.get(k) if type(k) is str else None
+            i = self._find(k) if type(k) is str else None
             if i is None or i in over:
                 return None  # a key the base lacks, or twice: not a patch of this base
             over[i] = (rows[j * size:(j + 1) * size], digests[j * dsize:(j + 1) * dsize])
         self.over = over
         return doc
+
+    @property
+    def pos(self) -> Dict[str, int]:
+        """key -> row, built on first use; a key twice empties the whole cache (see :meth:`_indexed`)."""
+        pos = self._pos
+        if pos is None:
+            pos = dict(zip(self.keys, range(len(self.keys)), strict=True))
+            if len(pos) != len(self.keys):  # a key twice: no cache
+                self.keys, self.rows, self.digests, self.over, self.id = [], b"", b"", {}, None
+                self.version = self.patterns = None
+                pos = {}
+            self._pos = pos
+        return pos
+
+    def _indexed(self) -> bool:
+        """Whether the loaded keys are unique (building :attr:`pos`); a cache with a key twice is emptied."""
+        n = len(self.keys)
+        return len(self.pos) == n
+
+    def _find(self, key: str) -> Optional[int]:
+        """The row of ``key`` (None: not cached), without building :attr:`pos` for a few lookups.
+
+        (A bisection of the sorted keys; a hostile file's unsorted keys can only make it miss, and a
+        hit is always a row saved for ``key``.)
+        """
+        pos = self._pos
+        if pos is None and self._finds >= _FINDS:
+            pos = self.pos  # (many lookups after all: the map pays for itself)
+        if pos is not None:
+            return pos.get(key)
+        self._finds += 1
+        keys = self.keys
+        i = bisect.bisect_left(keys, key)
+        return i if i < len(keys) and keys[i] == key else None
 
     def __contains__(self, key: str) -> bool:
         return key in self.new or key in self.pos
@@ -550,7 +592,14 @@ class _StatCache:
         e = self.new.get(key)
         if e is not None:
             return e
-        row, raw = self._at(self.pos[key])
+        i = self._find(key)
+        if i is None:
+            raise KeyError(key)
+        return self.entry_at(i)
+
+    def entry_at(self, i: int) -> Tuple[StatKey, Digest]:
+        """The loaded stat and digest of row ``i`` (the patch's, else the base's)."""
+        row, raw = self._at(i)
         return _unpack_row(row, 0), Digest.from_bytes(raw)
 
     def _at(self, i: int) -> Tuple[bytes, bytes]:
@@ -560,23 +609,41 @@ class _StatCache:
             return got
         return self.rows[i * _ROW.size:(i + 1) * _ROW.size], self.digests[i * _DIGEST_SIZE:(i + 1) * _DIGEST_SIZE]
 
-    def matches(self, files: Sequence[_File], walked: Optional[bytes] = None) -> List[bool]:
+    def differing(self, rows: bytes, keys: List[str]) -> Optional[List[int]]:
+        """If the walk's keys (``keys``, its stats packed as ``rows``) are exactly the loaded keys, in
+        order: the indexes of the files whose stat is not the cached one (and :attr:`walked` is set).
+        ``None`` otherwise (or once rows were put: see :meth:`matches`)."""
+        if self.new or keys != self.keys:  # (one comparison in C: the walk's keys are unique and sorted)
+            return None
+        self.walked = True
+        size = _ROW.size
+        idx = [] if rows == self.rows else _differing_rows(rows, self.rows, size)
+        if self.over:  # (the patch's rows are newer than the base's)
+            at = set(idx)
+            for i, (row, _) in self.over.items():
+                if rows[i * size:(i + 1) * size] == row:
+                    at.discard(i)
+                else:
+                    at.add(i)
+            idx = sorted(at)
+        return idx
+
+    def matches(self, files: Sequence[_File], walked: Optional[bytes] = None,
+                keys: Optional[List[str]] = None) -> List[bool]:
         """Per file: is it cached with exactly this stat?  (The walk's files in key order, usually.)
 
-        ``walked``: ``files``' stats already packed as rows (:func:`_walk_rows`), if the caller has them.
+        ``walked``: ``files``' stats already packed as rows (:func:`_walk_rows`), and ``keys`` their
+        keys, if the caller has them.
         """
-        new, pos, rows, size, over = self.new, self.pos, self.rows, _ROW.size, self.over
         joined = walked if walked is not None else _walk_rows(files)[0]
-        if not new and len(files) == len(self.keys) and all(f.key == k for f, k in zip(files, self.keys, strict=True)):
-            if joined == rows:
-                if not over:
-                    return [True] * len(files)  # (the common case: one comparison)
-                out = [True] * len(files)
-            else:
-                out = _same_rows(joined, rows, size)  # the same keys, some rewritten (a 1% add)
-            for at, (row, _) in over.items():  # (the patch's rows are newer than the base's)
-                out[at] = joined[at * size:(at + 1) * size] == row
+        idx = self.differing(joined, keys if keys is not None else [f.key for f in files])
+        if idx is not None:
+            out = [True] * len(files)
+            for at in idx:
+                out[at] = False
             return out
+        new, rows, size, over = self.new, self.rows, _ROW.size, self.over
+        find = self.pos.get if len(files) > _FINDS else self._find  # (a few lookups need no map)
         out = []
         for j, f in enumerate(files):
             p = joined[j * size:(j + 1) * size]
@@ -584,7 +651,7 @@ class _StatCache:
             if e is not None:
                 out.append(_pack_row(e[0]) == p)
                 continue
-            i = pos.get(f.key)
+            i = find(f.key)
             if i is None:
                 out.append(False)
             else:
@@ -599,13 +666,20 @@ class _StatCache:
         """The stats put since the load: of the files read since (the others matched a loaded row)."""
         return [st for st, _ in self.new.values()]
 
-    def vouches(self, version: Digest, patterns: Sequence[str]) -> bool:
-        """True if the entries are exactly ``version``'s, for a walk with ``patterns``."""
-        return self.version == version.hex and self.patterns == list(patterns)
+    def vouches(self, version: Digest, patterns: Sequence[str], keys: List[str]) -> bool:
+        """True if the entries are exactly ``version``'s, for a walk with ``patterns`` that found ``keys``.
 
-    def save(self, present: Set[str], *, floor: int, version: Optional[Digest] = None,
-             patterns: Sequence[str] = ()) -> None:
-        """Keep the settled entries of ``present`` keys; claim ``version`` if every one of them is kept.
+        (The loaded keys are checked for a key twice here, unless they are exactly the walk's, which
+        are unique: only a valid cache may say which of the version's keys were deleted.)
+        """
+        if self.version != version.hex or self.patterns != list(patterns):
+            return False
+        return keys == self.keys or self._indexed()
+
+    def save(self, walked: List[str], gone: AbstractSet[str] = frozenset(), *, floor: int,
+             version: Optional[Digest] = None, patterns: Sequence[str] = ()) -> None:
+        """Keep the settled entries of the walk's keys ``walked`` (sorted) but ``gone`` (those that went
+        away while read); claim ``version`` if every one of them is kept.
 
         ``floor``: a :func:`stamp_floor_ns` read before the walk (see :func:`_racy`).  With a
         claim, a racy file is kept with its digest (the version's) but mtime and ctime -1: no
@@ -615,7 +689,7 @@ class _StatCache:
         """
         fresh: Dict[str, Tuple[bytes, bytes]] = {}  # rows put since the load and kept
         for k, (st, d) in self.new.items():
-            if k not in present:
+            if k in gone:
                 continue
             row = _pack_row(st)
             if _racy(st, floor) or row[-16:] == _UNMATCHABLE:
@@ -623,24 +697,39 @@ class _StatCache:
                     continue  # (the loaded row, if any, goes too: it is not the file as read)
                 row = _pack_row((st[0], st[1], st[2], -1, -1))
             fresh[k] = (row, d.raw)
-        keys, pos = self.keys, self.pos
+        keys, find = self.keys, self._find
         # The same keys as loaded: every loaded key still present, and the rows put since are exactly the
-        # loaded keys put since (none dropped as racy, none new).  Set operations, not a pass in Python
-        # over every key (10,000 keys: 0.9 ms of each add that changed anything).
-        same = (present.issuperset(keys) and all(k in pos for k in fresh)
-                and sum(1 for k in self.new if k in pos) == len(fresh))
-        kept = [] if same else [k for k in keys if k in present and k not in self.new]
-        n = len(keys) if same else len(kept) + len(fresh)
-        claim = version.hex if version is not None and n == len(present) else None
+        # loaded keys put since (none dropped as racy, none new).  The walk found exactly the loaded keys
+        # (one comparison in C) and none went away, or else set operations: never a pass in Python over
+        # every key (10,000 keys: 0.9 ms of each add that changed anything).
+        present: Optional[Set[str]] = None
+        if walked == keys:
+            covered = not gone
+        else:
+            present = set(walked).difference(gone)
+            covered = present.issuperset(keys)
+        rows_of = {k: find(k) for k in self.new}  # (the few rows put since: no key -> row map for them)
+        same = (covered and all(rows_of[k] is not None for k in fresh)
+                and sum(1 for i in rows_of.values() if i is not None) == len(fresh))
+        if same:
+            kept: List[str] = []
+            n = len(keys)
+        else:
+            if present is None:
+                present = set(walked).difference(gone)
+            kept = [k for k in keys if k in present and k not in self.new]
+            n = len(kept) + len(fresh)
+        claim = version.hex if version is not None and n == len(walked) - len(gone) else None
         pats = list(patterns) if claim is not None else None
         claimed: Dict[str, Any] = {"version": claim, "patterns": pats} if claim is not None else {}
         if same:
             # The same keys as loaded (the common case): the rows put since go into the patch.
-            if all(self._at(pos[k]) == got for k, got in fresh.items()) and (claim, pats) == (
+            at_of = {k: i for k, i in rows_of.items() if i is not None and k in fresh}
+            if all(self._at(at_of[k]) == got for k, got in fresh.items()) and (claim, pats) == (
                     self.version, self.patterns):
                 return  # nothing to write
             over = dict(self.over)
-            over.update((pos[k], got) for k, got in fresh.items())
+            over.update((at_of[k], got) for k, got in fresh.items())
             if self.id is not None and len(over) <= max(_PATCH_MIN, len(keys) // _PATCH_SHARE):
                 at = sorted(over)
                 _write_cache(self.store, self.patch_path, {
@@ -657,6 +746,7 @@ class _StatCache:
         else:
             out_keys = sorted(set(kept).union(fresh))
             rows, digests = bytearray(), bytearray()
+            pos = self.pos
             for k in out_keys:
                 row, raw = fresh.get(k) or self._at(pos[k])
                 rows += row
@@ -742,7 +832,7 @@ def _write_cache(store: Store, path: Path, doc: Mapping[str, Any]) -> None:
 # -- the clean mark ------------------------------------------------------------
 
 
-def _fingerprint(files: Sequence[_File], rows: bytes) -> str:
+def _fingerprint(keys: List[str], rows: bytes) -> str:
     """BLAKE3 of every file's key and exact stat, in key order (what a walk saw, in one value).
 
     ``rows``: their stats packed exactly (:func:`_walk_rows`).  The count, the keys joined by NUL (no
@@ -754,8 +844,8 @@ def _fingerprint(files: Sequence[_File], rows: bytes) -> str:
     unchanged) crashed ``status`` and ``add`` here, before they could refuse it by name: its bytes
     are hashed as they are (surrogateescape).
     """
-    keys = "\0".join([f.key for f in files]).encode("utf-8", "surrogateescape")
-    return hash_bytes(b"".join([len(files).to_bytes(8, "little"), keys, b"\0", rows])).hex
+    joined = "\0".join(keys).encode("utf-8", "surrogateescape")
+    return hash_bytes(b"".join([len(keys).to_bytes(8, "little"), joined, b"\0", rows])).hex
 
 
 class _CleanMark:
@@ -776,22 +866,29 @@ class _CleanMark:
         self.path = stat_path.with_suffix(".clean")
         self.root = _root_field(real)
         self.store = store
-        self._fp: Optional[Tuple[Sequence[_File], bytes, str]] = None  # (the walk, its rows, its fingerprint)
+        # (the walk, its keys, its rows, its fingerprint)
+        self._fp: Optional[Tuple[Sequence[_File], List[str], bytes, str]] = None
 
-    def _of(self, files: Sequence[_File]) -> Tuple[bytes, str]:
-        # matches(), rows() and save() of one add see the same walk: its rows packed and hashed once.
-        # No fingerprint ("") where a stat did not pack exactly: such a walk is never vouched for.
+    def _of(self, files: Sequence[_File]) -> Tuple[List[str], bytes, str]:
+        # matches(), keys(), rows() and save() of one add see the same walk: its keys listed, its
+        # rows packed and both hashed once.  No fingerprint ("") where a stat did not pack exactly:
+        # such a walk is never vouched for.
         got = self._fp
         if got is None or got[0] is not files:
+            keys = [f.key for f in files]
             rows, exact = _walk_rows(files)
-            got = self._fp = (files, rows, _fingerprint(files, rows) if exact else "")
-        return got[1], got[2]
+            got = self._fp = (files, keys, rows, _fingerprint(keys, rows) if exact else "")
+        return got[1], got[2], got[3]
 
     def _fingerprint(self, files: Sequence[_File]) -> str:
-        return self._of(files)[1]
+        return self._of(files)[2]
 
     def rows(self, files: Sequence[_File]) -> bytes:
         """The walk's stats as stat-cache rows (packed once for the mark and the cache)."""
+        return self._of(files)[1]
+
+    def keys(self, files: Sequence[_File]) -> List[str]:
+        """The walk's keys, in its order (listed once for the mark and the cache)."""
         return self._of(files)[0]
 
     def matches(self, version: Digest, patterns: Sequence[str], files: Sequence[_File]) -> bool:
@@ -1189,24 +1286,40 @@ class _Delta(NamedTuple):
     """Keys whose stat is exactly the one V's digest was taken with."""
     deleted: List[str]
     """Keys of V not in the folder."""
+    was: Dict[str, Tuple[StatKey, Digest]]
+    """The cached stat and digest (V's) of each changed file."""
 
 
-def _delta(files: Sequence[_File], cache: _StatCache, rows: bytes) -> _Delta:
-    """``files`` (with their stats packed as ``rows``) against ``cache``."""
+def _delta(files: Sequence[_File], cache: _StatCache, rows: bytes, keys: List[str]) -> _Delta:
+    """``files`` (with their stats packed as ``rows`` and their keys listed as ``keys``) against ``cache``."""
+    idx = cache.differing(rows, keys)
+    if idx is not None:
+        # The walk found exactly the cached keys (the common case: files rewritten, none added or
+        # deleted): the files whose stat differs are the changed ones, found without a pass in Python
+        # over every file (10,000 files: ~2 ms less of a 1% add).
+        unchanged: List[str] = []
+        prev = 0
+        for i in idx:
+            unchanged += keys[prev:i]
+            prev = i + 1
+        unchanged += keys[prev:]
+        return _Delta([], [files[i] for i in idx], unchanged, [], {files[i].key: cache.entry_at(i) for i in idx})
     added: List[_File] = []
     changed: List[_File] = []
-    unchanged: List[str] = []
-    for f, hit in zip(files, cache.matches(files, rows), strict=True):
+    unchanged = []
+    for f, hit in zip(files, cache.matches(files, rows, keys), strict=True):
         if hit:
             unchanged.append(f.key)
         elif f.key in cache:
             changed.append(f)
         else:
             added.append(f)
+    was = {f.key: cache.entry(f.key) for f in changed}
     if not cache.new and len(unchanged) + len(changed) == len(cache.keys):
-        return _Delta(added, changed, unchanged, [])  # every cached key was walked
-    walked = {f.key for f in files}
-    return _Delta(added, changed, unchanged, sorted(k for k in set(cache.keys).union(cache.new) if k not in walked))
+        return _Delta(added, changed, unchanged, [], was)  # every cached key was walked
+    walked = set(keys)
+    return _Delta(added, changed, unchanged,
+                  sorted(k for k in set(cache.keys).union(cache.new) if k not in walked), was)
 
 
 @collector_paused()
@@ -1224,7 +1337,7 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
     real, cache_path = _cache_path(store, path)
     mark = _CleanMark(store, real, cache_path)
     delta: Optional[_Delta] = None
-    vouched: Set[str] = set()  # with a delta: keys left as the head has them (and as cached)
+    verified: Set[str] = set()  # with a delta: changed files found to hold the head's bytes after all
     changed: List[_File] = []  # with a delta: files of the head whose bytes are read and stored anew
     was: Dict[str, Tuple[StatKey, Digest]] = {}  # with a delta: what the cache had for the changed files
     batch = _Batcher(store)  # new objects; its last batch is published by the commit
@@ -1241,12 +1354,11 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
                                  skipped=tuple(skipped), hashed=0, hashed_bytes=0)
             _warn(skipped, path)
             cache = _StatCache(store, real, cache_path)
-            if head is not None and cache.vouches(head.digest, patterns):
+            if head is not None and cache.vouches(head.digest, patterns, mark.keys(files)):
                 # Only what changed since the head is read, and the head's entries are not listed.
-                delta = _delta(files, cache, mark.rows(files))
+                delta = _delta(files, cache, mark.rows(files), mark.keys(files))
                 _check_keys(delta.added, "nothing was stored")  # (the others are the head's keys)
-                was = {f.key: cache.entry(f.key) for f in delta.changed}  # V's (the reads replace them)
-                vouched = set(delta.unchanged)
+                was = delta.was  # V's (the reads replace them in the cache)
                 # A file recorded racy (mtime -1: see _StatCache.save) and of its old size most likely
                 # still holds V's bytes: it is hashed first, and copied only if it does not.  (Any other
                 # file with a new stat is copied at once: hashing it first would read it twice.)
@@ -1258,9 +1370,9 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
                 for f in same:
                     d = probed.get(f.key)
                     if d is not None and d == was[f.key][1]:
-                        vouched.add(f.key)
+                        verified.add(f.key)
                         cache.put(f.key, scratch.entry(f.key)[0], d)  # its stat as read
-                changed = [f for f in delta.changed if f.key not in vouched]
+                changed = [f for f in delta.changed if f.key not in verified]
                 digests, n_read, n_bytes, steady_ = _digests(store, root_fd, delta.added + changed, cache,
                                                              batch=batch, progress=progress, desc="add")
                 hashed, nbytes, steady = hashed + n_read, nbytes + n_bytes, steady and steady_
@@ -1280,16 +1392,17 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
                 added = tuple(f.key for f in delta.added if f.key in digests)
                 modified = tuple(f.key for f in changed if f.key in digests and digests[f.key] != was[f.key][1])
                 deleted = tuple(delta.deleted) + tuple(f.key for f in changed if f.key not in digests)
-                present = set(digests).union(vouched)  # (vouched: left as the head has them, and so cached)
+                # (Every other walked key is left as the head has it, and so cached.)
+                gone = {f.key for f in delta.added + changed if f.key not in digests}
             else:
                 if delta is not None:  # the head moved since we looked: compare with the new one in full
-                    digests.update((k, cache.entry(k)[1]) for k in vouched)
+                    digests.update((k, cache.entry(k)[1]) for k in chain(delta.unchanged, verified))
                 # One pass over the head's entries (a tree-shaped manifest's random lookups cost more).
                 old = {k: e.digest for k, e in base.entries.items()} if base is not None else {}
                 added = tuple(k for k in digests if k not in old)
                 modified = tuple(k for k, d in digests.items() if k in old and old[k] != d)
                 deleted = tuple(k for k in old if k not in digests)
-                present = set(digests)
+                gone = {f.key for f in files if f.key not in digests}
             for k in added + modified:
                 m[k] = digests[k]
             for k in deleted:
@@ -1305,7 +1418,7 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
                     or base is None:
                 m.meta.clear()
                 m.meta.update(new_meta)
-            if base is None and not present:
+            if base is None and len(gone) == len(files):
                 # An empty folder as a new name is still a version: set and drop a placeholder
                 # key, which marks the edit changed (it is never looked up, so need not exist).
                 m["_"] = hash_bytes(b"")
@@ -1318,12 +1431,13 @@ def add_folder(store: Store, name: str, folder: object, *, message: Optional[str
         batch.close()  # (whatever of the held batch the commit did not publish is removed)
     result = m.result
     assert result is not None
-    whole = steady and len(present) == len(files)  # every file's digest is of the file as walked
+    whole = steady and not gone  # every file's digest is of the file as walked
     # Hazard (found by a bug hunt): the cache was saved after the commit and its failure (a folder
     # path that is not UTF-8) reported a committed add as failed, on every add.  The version is
     # made: a cache that cannot be saved is only a slower next time, never this add's error.
     try:
-        cache.save(present, floor=floor, version=result.digest if whole else None, patterns=patterns)
+        cache.save(mark.keys(files), gone, floor=floor, version=result.digest if whole else None,
+                   patterns=patterns)
         if whole:
             mark.save(result.digest, patterns, files, floor, cache.read_stats())
     except Exception as e:  # noqa: BLE001 - committed: nothing after it may fail the add
@@ -1359,23 +1473,23 @@ def folder_status(store: Store, name: str, folder: object, *, version: Optional[
             # Every file as it was when the folder was last found equal to this version.
             return FolderStatus((), (), (), tuple(f.key for f in files), tuple(skipped), base.digest, 0)
         cache = _StatCache(store, real, cache_path)
-        if base is not None and cache.vouches(base.digest, patterns):
+        if base is not None and cache.vouches(base.digest, patterns, mark.keys(files)):
             # Cost grows with what changed: only files with a new stat are read, and the version's
             # entries are not listed.  The cache is left as it is (it still vouches for the version).
-            delta = _delta(files, cache, mark.rows(files))
+            delta = _delta(files, cache, mark.rows(files), mark.keys(files))
             _check_keys(delta.added, "add refuses them too")  # (the others are the version's keys)
-            need = {f.key: cache.entry(f.key)[0][2] for f in delta.changed}
+            need = {f.key: delta.was[f.key][0][2] for f in delta.changed}
             scratch = _StatCache(store, real, cache_path, load=False)
             digests, hashed, _, steady = _digests(store, root_fd, delta.changed, scratch, batch=None,
                                                   progress=progress, desc="status", need=need)
             same = {f.key for f in delta.changed
-                    if f.key in digests and digests[f.key] == cache.entry(f.key)[1]}
+                    if f.key in digests and digests[f.key] == delta.was[f.key][1]}
             if steady and not delta.added and not delta.deleted and len(same) == len(delta.changed):
                 # Clean after all (touched, or racy files read again): record their stats as read, so
                 # the next status is one walk again.
                 for k in same:
                     cache.put(k, scratch.entry(k)[0], digests[k])
-                cache.save({f.key for f in files}, floor=floor, version=base.digest, patterns=patterns)
+                cache.save(mark.keys(files), floor=floor, version=base.digest, patterns=patterns)
                 mark.save(base.digest, patterns, files, floor, cache.read_stats())
             return FolderStatus(tuple(f.key for f in delta.added),
                                 tuple(f.key for f in delta.changed if f.key not in same), tuple(delta.deleted),
@@ -1398,10 +1512,11 @@ def folder_status(store: Store, name: str, folder: object, *, version: Optional[
     unchanged = sorted(k for k in keys if k in old and digests.get(k) == old[k])
     deleted = sorted(k for k in old if k not in keys)
     clean = base is not None and steady and not (added or modified or deleted)
+    walked = [f.key for f in files]
     if clean and base is not None:
-        cache.save(keys, floor=floor, version=base.digest, patterns=patterns)
+        cache.save(walked, floor=floor, version=base.digest, patterns=patterns)
     elif cache.version is None:  # (a cache vouching for another version, the head say, stays as it was)
-        cache.save(keys, floor=floor)
+        cache.save(walked, floor=floor)
     if clean and base is not None:
         mark.save(base.digest, patterns, files, floor, cache.read_stats())
     return FolderStatus(tuple(added), tuple(modified), tuple(deleted), tuple(unchanged), tuple(skipped),

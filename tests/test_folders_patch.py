@@ -245,3 +245,30 @@ def test_a_planted_patch_is_never_followed_or_waited_on(store: casstore.Store, t
     st = status_without_hanging(store, f, "a planted patch")
     # Not believed: the base alone (older rows: the two files changed since it are read, found as the head has them).
     assert not st
+
+
+def test_a_file_gone_while_a_small_add_reads_it_leaves_the_cache(store: casstore.Store, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # The walk found exactly the cached keys, but one changed file went away before the add read it:
+    # it is not in the version, so the cache must not keep its old row (nor claim the version).
+    f = tmp_path / "f"
+    make_tree(f, FILES)
+    store.add("exp", f)
+    changed = sorted(FILES)[20:23]
+    _rewrite(f, changed)
+    real = folders._read_one
+
+    def vanishing(s: casstore.Store, root_fd: int, key: str, keep: bool) -> object:
+        if key == changed[1]:
+            (f / key).unlink()  # (between the walk and the read)
+        return real(s, root_fd, key, keep)
+
+    monkeypatch.setattr(folders, "_read_one", vanishing)
+    r = store.add("exp", f)
+    monkeypatch.undo()
+    assert r.created and r.deleted == (changed[1],) and r.modified == (changed[0], changed[2])
+    assert changed[1] not in store.manifest("exp").entries
+    _entries_match_the_folder(store, f)  # (the gone file's row went with it)
+    for p in (_cache_file(store), _patch(store)):
+        assert not p.exists() or "version" not in _doc(p)  # a snapshot of a moving folder vouches for nothing
+    assert not store.status("exp", f)
