@@ -502,6 +502,31 @@ def test_quick_exit_skips_teardown_but_owes_nothing(case: str) -> None:
         assert lines.index("late thread done") < lines.index("atexit ran")  # the thread was waited for
 
 
+_COLLECTOR = """
+import gc, sys
+from casstore.cli import app
+
+def command(argv=None):
+    sys.stdout.write(f"collector {'on' if gc.isenabled() else 'off'}\\n")
+    return 0
+
+app.main = command
+sys.argv = ["casstore", *sys.argv[1:]]
+app.entry()
+"""
+
+
+@pytest.mark.parametrize("argv, want", [(["add", "x", "d"], "off"), (["--store", "s", "status", "x", "d"], "off"),
+                                        (["ls"], "on"), (["derive", "x"], "on"), (["gc"], "on"),
+                                        (["--version"], "on")])
+def test_only_add_and_status_run_without_the_cyclic_collector(argv: List[str], want: str) -> None:
+    # The collector's passes after a folder add cost it 2-3 ms (app.NO_COLLECTOR); every other command,
+    # which may run user code or for long, keeps the collector.
+    r = subprocess.run([PYTHON, "-c", _COLLECTOR, *argv], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"collector {want}"
+
+
 def test_importing_the_cli_registers_no_exit_handler() -> None:
     # The quick exit runs logging.shutdown itself and skips any other atexit handler registered
     # before the command started: there must be none (a library imported by the CLI that

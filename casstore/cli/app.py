@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import errno
+import gc
 import importlib
 import logging
 import os
@@ -338,8 +339,23 @@ def entry() -> NoReturn:
     """
     quick = _QuickExit()
     atexit.register(quick)
+    if _command_in(sys.argv[1:]) in NO_COLLECTOR:
+        gc.disable()  # (for the rest of this process: see NO_COLLECTOR)
     quick.rc = main()  # (argparse's SystemExit passes through: rc stays None, the normal exit)
     sys.exit(quick.rc)
+
+
+NO_COLLECTOR = frozenset({"add", "status"})
+"""Commands the console script runs without Python's cyclic garbage collector, to the quick exit.
+
+Hazard (measured, issue 12): the collector is paused while a folder is walked and compared
+(``collector_paused``), but once it resumed, its passes over what the comparison and the commit left
+alive (the version's decoded tree nodes, the node bundles' lists) cost 2-3 ms of every ``add`` of a
+folder of 10,000 files with 1% changed, against 0.3 ms after an unchanged one.  These commands make
+no reference cycles to speak of, their memory is what they hold (bounded by the folder), and the
+process ends right after them: the passes would only free what the exit drops anyway.  Commands that
+run user code or may run for long (``derive``, ``gc``, ``push``, ...) keep the collector.
+"""
 
 
 @dataclass(slots=True)

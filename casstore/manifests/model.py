@@ -1655,10 +1655,16 @@ def _update(r: _Reader, root: Ref, root_level: int, changes: List[Tuple[str, Opt
         b.learn(level, ks)
         n = len(refs)
         for i in range(n):
-            walk(refs[i], level - 1, ks[i - 1] if i else lo, last and i == n - 1, False)
+            walk(refs[i], level - 1, ks[i - 1] if i else lo, last and i == n - 1, False)  # noqa: F821 (see below)
 
     _announce(r, root, root_level, keys)
-    walk(root, root_level, None, True, True)
+    try:
+        walk(root, root_level, None, True, True)
+    finally:
+        # A recursive closure refers to itself (through its own cell): left so, it kept the commit's
+        # changes and the nodes it read alive until a pass of the cyclic collector (~1,200 objects a
+        # 1% folder add), which then had them to traverse.
+        del walk
 
 
 def _announce(r: _Reader, root: Ref, root_level: int, keys: List[str]) -> None:
