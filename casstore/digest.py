@@ -20,7 +20,7 @@ import blake3
 from ._fs import Beside, read_reused, run_beside
 from .errors import IntegrityError, InvalidDigestError, InvalidTypeError
 
-__all__ = ["Digest", "ALGORITHM", "HEX_LEN", "hash_bytes", "hash_fd", "new_hasher", "HashBeside"]
+__all__ = ["Digest", "ALGORITHM", "HEX_LEN", "hash_bytes", "hash_raw", "hash_fd", "new_hasher", "HashBeside"]
 
 ALGORITHM = "blake3"
 HEX_LEN = 64
@@ -161,6 +161,16 @@ def parse_prefix(text: str) -> str:
             " optionally after 'blake3:'"
         )
     return body
+
+
+def hash_raw(data: Buffer) -> bytes:
+    """The 32-byte BLAKE3 digest of a small in-memory buffer (one thread), with no :class:`Digest` made.
+
+    For code hashing many small buffers: a tree commit hashes each node it writes and each node it
+    reads (~400 for a 1% add of a 10,000-file folder), and the hex round trip of ``hash_bytes(...).raw``
+    doubled the cost of each (1.8 against 0.9 us here).
+    """
+    return blake3.blake3(data).digest()
 
 
 def hash_bytes(data: Buffer, *, threaded: Optional[bool] = None) -> Digest:

@@ -233,6 +233,17 @@ def test_key_conflicts_use_range_lookups_on_trees(tmp_path: Path) -> None:
         with store.edit("x") as m:
             m[key(10)] = ds[1] if ds[10 % 5] != ds[1] else ds[2]
             m[key(10) + "/below"] = ds[0]
+    # A new key beside a deletion (the count of entries is the base's): still checked.  Only a commit that
+    # adds no key skips the lookups (ManifestEditor._check_key_conflicts).
+    with pytest.raises(InvalidInputError, match="also a key"):
+        with store.edit("x") as m:
+            del m[key(11)]
+            m[key(12) + "/below"] = ds[0]
+    with store.edit("x") as m:
+        del m[key(11)]
+        m["d3x/new"] = ds[0]
+        m[key(13)] = ds[1] if ds[13 % 5] != ds[1] else ds[2]
+    assert key(11) not in store.manifest("x") and "d3x/new" in store.manifest("x")
 
 
 def test_a_tree_commit_syncs_its_nodes_and_version_as_one_batch(tmp_path: Path,

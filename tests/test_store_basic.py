@@ -29,7 +29,7 @@ from conftest import (
 
 import casstore
 from casstore import Digest
-from casstore.digest import hash_fd
+from casstore.digest import hash_bytes, hash_fd, hash_raw
 from casstore.errors import CompressedObjectError, InvalidInputError, ObjectNotFoundError
 
 RANDOM = os.urandom(300_000)
@@ -63,6 +63,8 @@ def test_digest_string_form_and_parse_roundtrip(store: casstore.Store) -> None:
     assert hash(Digest.parse(s)) == hash(d)
     assert Digest.of(b"round trip") == d
     assert Digest.from_bytes(d.raw) == d
+    for data in (b"", b"round trip", bytearray(b"x" * 5000), memoryview(b"y" * 70_000)[1:]):
+        assert hash_raw(data) == hash_bytes(data).raw == blake3.blake3(bytes(data)).digest()  # (a tree's nodes)
     assert d.algorithm == "blake3"
     assert d.short(8) == s[: len("blake3:") + 8]
     assert eval(repr(d), {"Digest": Digest.parse}) == d

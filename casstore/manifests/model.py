@@ -69,7 +69,7 @@ from typing import (
 import msgpack
 
 from .._paths import BAD_CHAR, MAX_KEY_BYTES, MAX_SEGMENT_BYTES, MAX_SEGMENTS, key_problem, validate_key
-from ..digest import Digest, hash_bytes
+from ..digest import Digest, hash_bytes, hash_raw
 from ..errors import InvalidInputError, InvalidTypeError, MissingNodeError, ObjectNotFoundError, StoreFormatError
 
 if TYPE_CHECKING:
@@ -1099,14 +1099,14 @@ class _Writer:
     def leaf(self, items: List[Tuple[str, Raw]]) -> Ref:
         entries = dict(items)
         data = pack({"casstore": NODE_KIND, "entries": entries, "level": 0})
-        d = hash_bytes(data).raw
+        d = hash_raw(data)
         self.new.setdefault(d, (data, 0, entries))
         return items[-1][0], d, len(items), _total(sum(_size_of(r) for _k, r in items)), None
 
     def internal(self, level: int, refs: List[Ref]) -> Ref:
         # (A child's location is kept in the decoded node, for the bundle's table, not in its bytes.)
         data = pack({"casstore": NODE_KIND, "children": [[r[0], r[1], r[2], r[3]] for r in refs], "level": level})
-        d = hash_bytes(data).raw
+        d = hash_raw(data)
         self.new.setdefault(d, (data, level, ([r[0] for r in refs], list(refs))))
         return refs[-1][0], d, sum(r[2] for r in refs), _total(sum(r[3] for r in refs)), None
 
@@ -1402,7 +1402,7 @@ class _Reader:
         if i >= len(nodes):
             raise _bad_bundle(self.what, b, f"has {len(nodes)} nodes; node {i} is named (blake3:{d.hex()})")
         data = nodes[i]
-        if hash_bytes(data).raw != d:
+        if hash_raw(data) != d:
             raise _bad_bundle(self.what, b, f"holds at {i} a node hashing to {hash_bytes(data)}, where a parent "
                                             f"names blake3:{d.hex()} there")
         raw = locs[i]
@@ -1842,7 +1842,7 @@ def _bundle_nodes(new: Dict[bytes, Tuple[bytes, int, Node]]) -> Tuple[List[bytes
     def close() -> None:
         nonlocal size
         data = pack({"casstore": BUNDLE_KIND, "bundles": list(table), "locs": locs, "nodes": nodes})
-        b = hash_bytes(data).raw
+        b = hash_raw(data)
         out.append(data)
         for d, i in here.items():
             placed[d] = (b, i)

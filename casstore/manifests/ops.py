@@ -373,6 +373,13 @@ class ManifestEditor(MutableMapping[str, Entry]):
         added under an existing "a" at "a/b").  A re-add of a folder with 100 modified files of
         a tree-shaped version spent 8 ms here, most of it reading leaves for the prefix lookups.
         """
+        if base is not None:
+            # Keys new to the base, counted without a lookup: len(entries) = len(base) - deleted + new, where
+            # every deletion named a base key (or, after a rebase, maybe none: the count then only errs high).
+            # A folder's modified files add none (100 lookups of a tree: ~0.8 ms of a 1% add).
+            deleted = sum(1 for e in self._changes.values() if e is None)
+            if len(entries) - len(base) + deleted <= 0:
+                return
         changed = [k for k, e in self._changes.items() if e is not None and (base is None or base.raw(k) is None)]
         if not changed:
             return
