@@ -51,6 +51,7 @@ import logging
 import os
 import stat as stat_mod
 import struct
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -77,7 +78,15 @@ from typing import (
 import msgpack
 
 from ._faults import fault
-from ._fs import collector_paused, makedirs, read_small_file, reserve_fds, stamp_floor_ns, write_file_atomic
+from ._fs import (
+    collector_paused,
+    makedirs,
+    read_small_file,
+    reserve_fds,
+    stamp_floor_ns,
+    syncfs,
+    write_file_atomic,
+)
 from ._fsprobe import RACY_SECONDS, fine_local_stamps
 from ._layout import TMP
 from ._paths import key_problem
@@ -1073,6 +1082,7 @@ class _Batcher:
         self.held: List[StagedObject] = []
         """The last batch, deduped and not yet published (:meth:`hold`)."""
         self.held_sizes: Dict[Digest, int] = {}
+        self._head_start: Optional[threading.Thread] = None  # (see hold)
 
     def add(self, staged: StagedObject, size: int) -> None:
         # The dedupe probe (``touch``) waits for :meth:`flush`: made here, as each file arrives, it
@@ -1115,11 +1125,22 @@ class _Batcher:
             self._note(items)
 
     def hold(self) -> None:
-        """Keep the last batch for the commit to publish (:attr:`held`, :attr:`held_sizes`)."""
+        """Keep the last batch for the commit to publish (:attr:`held`, :attr:`held_sizes`).
+
+        A durable store's ``syncfs`` starts here, on a thread of its own, while the commit builds the
+        version: a head start only (its outcome is ignored; the commit's batch syncs before any rename,
+        as ever), so the writeback of the held files overlaps the tree's rebuild instead of following
+        it (a 1% add of 10,000 files: ~15 MB to write back against ~10 ms of commit; the commit's
+        publish went from 7.2 to 5.2 ms here).  The thread ends by :meth:`close`.
+        """
         items = self._absent()
         self.held.extend(items)
         self.held_sizes.update((it.digest, self.sizes[it.digest]) for it in items)
         self.sizes.clear()
+        if items and self.objects.durable and self.objects.syncfs_trusted and self._head_start is None:
+            self._head_start = threading.Thread(target=_sync_quietly, args=(self.objects.tmp,),
+                                                name="casstore-sync", daemon=True)
+            self._head_start.start()
 
     def _note(self, items: Sequence[StagedObject]) -> None:
         for it in items:
@@ -1140,13 +1161,26 @@ class _Batcher:
         self.items = []
 
     def close(self) -> None:
-        """Remove whatever of the held batch was not published, and save the hash record."""
+        """Remove whatever of the held batch was not published, save the hash record, and wait for the
+        head start of the sync (:meth:`hold`)."""
         held, self.held = self.held, []
         try:
             for it in held:
                 it.staging.abort()  # (nothing for a published one)
         finally:
-            self.record.save()
+            try:
+                self.record.save()
+            finally:
+                if self._head_start is not None:
+                    self._head_start.join()
+
+
+def _sync_quietly(path: Path) -> None:
+    """``syncfs`` of ``path``'s filesystem, errors ignored (a head start: see :meth:`_Batcher.hold`)."""
+    try:
+        syncfs(path)
+    except OSError:
+        pass
 
 
 def _digests(store: Store, root_fd: int, files: Sequence[_File], cache: _StatCache, *,
