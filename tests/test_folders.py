@@ -391,10 +391,12 @@ def _cache_entries(store: casstore.Store) -> Dict[str, tuple]:
     patch = base.with_suffix(".patch")
     if patch.exists():  # rows saved since the base, if it names this base (docs/folders.md, "The stat cache")
         p = msgpack.unpackb(patch.read_bytes(), raw=False)
-        if p["base"] == doc["id"]:
-            assert set(p["keys"]) <= set(keys)
-            out.update((k, (*struct.unpack_from("<QQQqq", p["rows"], 40 * i), p["digests"][32 * i:32 * i + 32].hex()))
-                       for i, k in enumerate(p["keys"]))
+        if p["base"] == doc["id"]:  # (rows given by their index in the base, 4 bytes each)
+            at = [i for (i,) in struct.iter_unpack("<I", p["at"])]
+            assert at == sorted(set(at)) and all(i < len(keys) for i in at)
+            out.update((keys[i], (*struct.unpack_from("<QQQqq", p["rows"], 40 * j),
+                                  p["digests"][32 * j:32 * j + 32].hex()))
+                       for j, i in enumerate(at))
     return out
 
 
