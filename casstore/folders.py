@@ -490,7 +490,6 @@ class _StatCache:
         self.keys: List[str] = []  # sorted, as the walk sorts its files (each a str; unique: see _indexed)
         self._pos: Optional[Dict[str, int]] = None  # key -> row, built on first need (see pos)
         self._finds = 0  # lookups by bisection so far (see _find)
-        self.walked = False  # differing() found exactly the walk's keys here, in its order
         self.rows = b""  # _ROW per key (the base file's)
         self.digests = b""  # 32 raw bytes per key (the base file's)
         self.id: Optional[bytes] = None  # the base file's id (None: an older base, never patched)
@@ -621,11 +620,10 @@ class _StatCache:
 
     def differing(self, rows: bytes, keys: List[str]) -> Optional[List[int]]:
         """If the walk's keys (``keys``, its stats packed as ``rows``) are exactly the loaded keys, in
-        order: the indexes of the files whose stat is not the cached one (and :attr:`walked` is set).
-        ``None`` otherwise (or once rows were put: see :meth:`matches`)."""
+        order: the indexes of the files whose stat is not the cached one.  ``None`` otherwise (or once
+        rows were put: see :meth:`matches`)."""
         if self.new or keys != self.keys:  # (one comparison in C: the walk's keys are unique and sorted)
             return None
-        self.walked = True
         size = _ROW.size
         idx = [] if rows == self.rows else _differing_rows(rows, self.rows, size)
         if self.over:  # (the patch's rows are newer than the base's)
