@@ -594,7 +594,7 @@ class _StatCache:
         return i if i < len(keys) and keys[i] == key else None
 
     def __contains__(self, key: str) -> bool:
-        return key in self.new or key in self.pos
+        return key in self.new or self._find(key) is not None
 
     def entry(self, key: str) -> Tuple[StatKey, Digest]:
         """The cached stat and digest of ``key`` (which must be cached)."""
@@ -651,7 +651,7 @@ class _StatCache:
                 out[at] = False
             return out
         new, rows, size, over = self.new, self.rows, _ROW.size, self.over
-        find = self.pos.get if len(files) > _FINDS else self._find  # (a few lookups need no map)
+        find = self._find
         out = []
         for j, f in enumerate(files):
             p = joined[j * size:(j + 1) * size]
