@@ -960,9 +960,12 @@ def _racy(st: StatKey, floor: int) -> bool:
     return st[3] >= cutoff or st[4] >= cutoff
 
 
-def _read_one(store: Store, root_fd: int, key: str, keep: bool
+def _read_one(store: Store, root_fd: int, key: str, keep: bool, hint: bool = True
               ) -> Tuple[Digest, StatKey, int, Optional[StagedObject]]:
-    """Stage (``keep``: not yet published) or just hash one file; retried while it changes under us."""
+    """Stage (``keep``: not yet published) or just hash one file; retried while it changes under us.
+
+    ``hint``: start the staged copy's writeback at once (:meth:`LocalObjects.stage_fd`'s ``writeback``).
+    """
     try:
         fd = _open_file(root_fd, key)
     except OSError as e:
@@ -982,7 +985,7 @@ def _read_one(store: Store, root_fd: int, key: str, keep: bool
                 if keep:
                     # The staged copy is what is hashed (stage_fd), so the digest names exactly the bytes a
                     # publish makes visible; publishing waits for the batch (one syncfs per batch).
-                    staged = store.objects.stage_fd(fd, before.st_size)
+                    staged = store.objects.stage_fd(fd, before.st_size, writeback=hint)
                     d = staged.digest
                     fault("folders.staged")
                 else:
@@ -1013,6 +1016,8 @@ _Read = Tuple[Digest, StatKey, int, Optional[StagedObject]]
 
 _CHUNK_FILES = 8
 _CHUNK_BYTES = 1 << 20
+UNHINTED_TAIL = 16 << 20
+"""The last bytes an add stages without starting their writeback file by file (see :func:`_digests`)."""
 
 
 def _chunks(files: Sequence[_File]) -> Iterator[List[_File]]:
@@ -1030,13 +1035,13 @@ def _chunks(files: Sequence[_File]) -> Iterator[List[_File]]:
         yield run
 
 
-def _read_chunk(store: Store, root_fd: int, keys: Sequence[str], keep: bool) -> List[Optional[_Read]]:
+def _read_chunk(store: Store, root_fd: int, keys: Sequence[str], keep: bool, hint: bool) -> List[Optional[_Read]]:
     """:func:`_read_one` of each key (``None``: gone since the walk); on an error, nothing stays staged."""
     out: List[Optional[_Read]] = []
     try:
         for key in keys:
             try:
-                out.append(_read_one(store, root_fd, key, keep))
+                out.append(_read_one(store, root_fd, key, keep, hint))
             except FileNotFoundError:
                 out.append(None)
     except BaseException:
@@ -1219,13 +1224,23 @@ def _digests(store: Store, root_fd: int, files: Sequence[_File], cache: _StatCac
             _workers(), thread_name_prefix="casstore-add") as pool:
         queue = iter(_chunks(todo))
         pending: Dict[Future[List[Optional[_Read]]], List[_File]] = {}
+        # Each staged file's writeback is started as it is written (the batch's syncfs then waits for
+        # less), except in the last UNHINTED_TAIL bytes: those wait for the held batch's head-start
+        # syncfs, which flushes them on its own thread while the commit builds the tree.  Hazard: the
+        # hint is a system call per file on the pool's threads, on the add's critical path (a 1% add
+        # of 10,000 files, 15 MB in 100 files: file phase 33.8 -> 28.2 ms without it, commit no
+        # slower); but a tail too long leaves the commit waiting (5%, 75 MB, no hints: file phase
+        # -13 ms, publish +27 ms).
+        left = [total]
 
         def refill() -> None:
             while len(pending) < window:
                 chunk = next(queue, None)
                 if chunk is None:
                     return
-                fut = pool.submit(_read_chunk, store, root_fd, [f.key for f in chunk], keep)
+                left[0] -= sum(f.st[2] for f in chunk)
+                hint = left[0] >= UNHINTED_TAIL
+                fut = pool.submit(_read_chunk, store, root_fd, [f.key for f in chunk], keep, hint)
                 pending[fut] = chunk
                 fut.add_done_callback(finished.put)
 

@@ -1030,7 +1030,7 @@ class LocalObjects(ObjectStore):
         return Digest(h.hexdigest())
 
     @_no_space
-    def stage_fd(self, src: int, size: int, *, compress: CompressArg = None) -> StagedObject:
+    def stage_fd(self, src: int, size: int, *, compress: CompressArg = None, writeback: bool = True) -> StagedObject:
         """Stage the first ``size`` bytes of the open regular file ``src`` as an object, NOT yet published.
 
         For batched durable puts (``store.add`` of a folder): the caller
@@ -1044,7 +1044,8 @@ class LocalObjects(ObjectStore):
         publish makes visible, even if ``src`` changes meanwhile (the caller
         compares its stat before and after to know whether it did).  Nothing is
         fsynced here; a durable store starts the staged file's writeback so the
-        batch's ``syncfs`` waits for less.  A file holding fewer than ``size``
+        batch's ``syncfs`` waits for less (``writeback=False``: not, for a caller
+        whose sync is about to start anyway).  A file holding fewer than ``size``
         bytes raises :class:`IntegrityError` (it changed: the caller retries).
         No dedupe check: the caller decides (:meth:`touch`) before publishing.
         """
@@ -1070,7 +1071,7 @@ class LocalObjects(ObjectStore):
             else:
                 copy_exact(src, st.fd, size)
                 d = hash_fd(st.fd, size)
-            if self.durable and size:
+            if self.durable and size and writeback:
                 st.start_writeback(0, size)
             return StagedObject(st, d, RAW)
         except BaseException:
