@@ -58,9 +58,9 @@ def count_reads(monkeypatch: pytest.MonkeyPatch) -> List[str]:
     seen: List[str] = []
     real = folders._read_one
 
-    def probe(store: casstore.Store, root_fd: int, key: str, keep: bool) -> object:
+    def probe(store: casstore.Store, root_fd: int, key: str, keep: bool, hint: bool = True) -> object:
         seen.append(key)
-        return real(store, root_fd, key, keep)
+        return real(store, root_fd, key, keep, hint)
 
     monkeypatch.setattr(folders, "_read_one", probe)
     return seen
@@ -71,10 +71,10 @@ def count_copies(monkeypatch: pytest.MonkeyPatch) -> List[str]:
     seen: List[str] = []
     real = folders._read_one
 
-    def probe(store: casstore.Store, root_fd: int, key: str, keep: bool) -> object:
+    def probe(store: casstore.Store, root_fd: int, key: str, keep: bool, hint: bool = True) -> object:
         if keep:
             seen.append(key)
-        return real(store, root_fd, key, keep)
+        return real(store, root_fd, key, keep, hint)
 
     monkeypatch.setattr(folders, "_read_one", probe)
     return seen
@@ -517,10 +517,10 @@ def test_clean_mark_not_written_when_a_file_changed_while_read(store: casstore.S
     make_tree(f, FILES)
     real = folders._read_one
 
-    def touch_then_read(store_: casstore.Store, root_fd: int, key: str, keep: bool) -> object:
+    def touch_then_read(store_: casstore.Store, root_fd: int, key: str, keep: bool, hint: bool = True) -> object:
         if key == "a.txt":  # changed after the walk, before its read: the walk's stat is stale
             os.utime(f / key, ns=(1, 1))
-        return real(store_, root_fd, key, keep)
+        return real(store_, root_fd, key, keep, hint)
 
     monkeypatch.setattr(folders, "_read_one", touch_then_read)
     store.add("exp", f)

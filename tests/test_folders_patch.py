@@ -273,10 +273,10 @@ def test_a_file_gone_while_a_small_add_reads_it_leaves_the_cache(store: casstore
     _rewrite(f, changed)
     real = folders._read_one
 
-    def vanishing(s: casstore.Store, root_fd: int, key: str, keep: bool) -> object:
+    def vanishing(s: casstore.Store, root_fd: int, key: str, keep: bool, hint: bool = True) -> object:
         if key == changed[1]:
             (f / key).unlink()  # (between the walk and the read)
-        return real(s, root_fd, key, keep)
+        return real(s, root_fd, key, keep, hint)
 
     monkeypatch.setattr(folders, "_read_one", vanishing)
     r = store.add("exp", f)
