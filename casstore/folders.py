@@ -771,7 +771,10 @@ class _StatCache:
 
 
 def _columns(doc: Mapping[Any, Any]) -> Optional[Tuple[List[Any], bytes, bytes]]:
-    """A stat cache file's (or patch's) keys, rows and digests, if the columns line up; else None."""
+    """A stat cache base file's keys, rows and digests, if the columns line up; else None.
+
+    (A patch has columns of its own: row indexes, not keys; see :meth:`_StatCache._patch`.)
+    """
     keys, rows, digests = doc.get("keys"), doc.get("rows"), doc.get("digests")
     if not (type(keys) is list and type(rows) is bytes and type(digests) is bytes
             and len(rows) == _ROW.size * len(keys) and len(digests) == _DIGEST_SIZE * len(keys)):
@@ -1231,15 +1234,16 @@ def _digests(store: Store, root_fd: int, files: Sequence[_File], cache: _StatCac
         # of 10,000 files, 15 MB in 100 files: file phase 33.8 -> 28.2 ms without it, commit no
         # slower); but a tail too long leaves the commit waiting (5%, 75 MB, no hints: file phase
         # -13 ms, publish +27 ms).
-        left = [total]
+        left = total  # bytes of the files not yet submitted
 
         def refill() -> None:
+            nonlocal left
             while len(pending) < window:
                 chunk = next(queue, None)
                 if chunk is None:
                     return
-                left[0] -= sum(f.st[2] for f in chunk)
-                hint = left[0] >= UNHINTED_TAIL
+                left -= sum(f.st[2] for f in chunk)
+                hint = left >= UNHINTED_TAIL
                 fut = pool.submit(_read_chunk, store, root_fd, [f.key for f in chunk], keep, hint)
                 pending[fut] = chunk
                 fut.add_done_callback(finished.put)
